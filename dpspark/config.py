@@ -1,0 +1,412 @@
+"""Load a job config (YAML; JSON is valid YAML), apply ``--set`` overrides, validate.
+
+Validation happens here and only here, before Spark starts: every problem is a
+``ConfigError`` naming the key and what is allowed, and the command line turns
+it into exit code 2. The result is a tree of frozen dataclasses.
+
+Every value in the config is PUBLIC: domain bounds, k, the number of
+iterations, candidate sets. None of them may be computed from private data,
+and nothing here ever looks at the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from dpspark.errors import ConfigError
+
+FORMATS = ("delta", "parquet", "csv")
+OBJECTIVES = ("kmeans", "kmedian")
+
+# Families and the module that validates their keys (``validate_params``). A
+# family is listed here only once it works end to end.
+FAMILIES: dict[str, str] = {
+    "dplloyd": "dpspark.dplloyd.params",
+}
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    path: str
+    format: str = "delta"
+    features: tuple[str, ...] = ()
+    privacy_unit: str | None = None
+
+
+@dataclass(frozen=True)
+class DomainConfig:
+    """PUBLIC bounds of the data: a box (lower, upper) or an L2 ball of ``radius``."""
+
+    dim: int
+    lower: tuple[float, ...] | None = None
+    upper: tuple[float, ...] | None = None
+    radius: float | None = None
+
+    @property
+    def kind(self) -> str:
+        return "ball" if self.radius is not None else "box"
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    epsilon: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    epsilon: float
+    delta: float
+    ledger: str | None = None
+    budget: BudgetConfig | None = None
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    name: str
+    objective: str
+    k: int
+    params: Any  # the family's own frozen dataclass
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    path: str
+    report: bool = True
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str | None = None
+    app_name: str = "dpspark"
+    conf: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Config:
+    input: InputConfig
+    domain: DomainConfig
+    privacy: PrivacyConfig
+    algorithm: AlgorithmConfig
+    output: OutputConfig
+    seed: int | None = None
+    diagnostics: bool = False
+    spark: SparkConfig = field(default_factory=SparkConfig)
+
+    def to_dict(self) -> dict:
+        """Plain, JSON-friendly view of the validated config (for the run record)."""
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ----------------------------------------------------------------------------
+# Loading and overrides
+
+
+def load_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read ``path``, apply ``KEY=VALUE`` overrides, and validate."""
+    raw = read_yaml(path)
+    for item in overrides:
+        apply_override(raw, item)
+    return validate(raw)
+
+
+def read_yaml(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise ConfigError("--config", f"file not found: {path!r}")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+    except yaml.YAMLError as exc:
+        raise ConfigError("--config", f"{path!r} is not valid YAML: {exc}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("--config", f"{path!r} must hold a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def parse_value(text: str):
+    """Parse a ``--set`` value: YAML scalars and lists; ``1,2`` is the list [1, 2]."""
+    stripped = text.strip()
+    if "," in stripped and not stripped.startswith(("[", "{", "'", '"')):
+        return [yaml.safe_load(part.strip()) if part.strip() else None for part in stripped.split(",")]
+    try:
+        value = yaml.safe_load(stripped) if stripped else None
+    except yaml.YAMLError:
+        return stripped
+    if isinstance(value, str):
+        try:
+            return float(value)  # 1e-6: a number, though YAML 1.1 reads it as a string
+        except ValueError:
+            pass
+    return value
+
+
+def apply_override(raw: dict, item: str) -> None:
+    if "=" not in item:
+        raise ConfigError("--set", f"expected KEY=VALUE, got {item!r}")
+    key, _, text = item.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not p for p in parts):
+        raise ConfigError("--set", f"invalid key {key!r} in {item!r}")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = {}
+            node[part] = child
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(parts[: i + 1]), f"is not a section, cannot set {key!r}")
+        node = child
+    node[parts[-1]] = parse_value(text)
+
+
+# ----------------------------------------------------------------------------
+# Small typed readers: each names the key and what is allowed
+
+
+class Section:
+    """A mapping being validated: remembers which keys were read."""
+
+    def __init__(self, name: str, data: Any, allowed: tuple[str, ...]):
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(name, f"must be a mapping with keys {list(allowed)}, got {data!r}")
+        unknown = sorted(set(map(str, data)) - set(allowed))
+        if unknown:
+            raise ConfigError(f"{name}.{unknown[0]}" if name else unknown[0], f"unknown key; allowed keys: {list(allowed)}")
+        self.name = name
+        self.data = dict(data)
+
+    def key(self, k: str) -> str:
+        return f"{self.name}.{k}" if self.name else k
+
+    def has(self, k: str) -> bool:
+        return self.data.get(k) is not None
+
+    def raw(self, k: str, default=None):
+        v = self.data.get(k)
+        return default if v is None else v
+
+    def string(self, k: str, default: str | None = None, required: bool = False, choices: tuple[str, ...] | None = None) -> str | None:
+        v = self.data.get(k)
+        if v is None:
+            if required:
+                raise ConfigError(self.key(k), "is required" + (f"; allowed: {list(choices)}" if choices else ""))
+            return default
+        if not isinstance(v, str) or not v:
+            raise ConfigError(self.key(k), f"must be a non-empty string, got {v!r}")
+        if choices is not None and v not in choices:
+            raise ConfigError(self.key(k), f"{v!r} is not allowed; allowed: {list(choices)}")
+        return v
+
+    def number(self, k: str, default: float | None = None, required: bool = False, *, low: float | None = None, high: float | None = None, low_open: bool = False, high_open: bool = False) -> float | None:
+        v = self.data.get(k)
+        if v is None:
+            if required:
+                raise ConfigError(self.key(k), "is required")
+            return default
+        return check_number(self.key(k), v, low=low, high=high, low_open=low_open, high_open=high_open)
+
+    def integer(self, k: str, default: int | None = None, required: bool = False, *, low: int | None = None, high: int | None = None) -> int | None:
+        v = self.data.get(k)
+        if v is None:
+            if required:
+                raise ConfigError(self.key(k), "is required")
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise ConfigError(self.key(k), f"must be an integer, got {v!r}")
+        if low is not None and v < low:
+            raise ConfigError(self.key(k), f"must be >= {low}, got {v}")
+        if high is not None and v > high:
+            raise ConfigError(self.key(k), f"must be <= {high}, got {v}")
+        return v
+
+    def boolean(self, k: str, default: bool) -> bool:
+        v = self.data.get(k)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise ConfigError(self.key(k), f"must be true or false, got {v!r}")
+        return v
+
+    def numbers(self, k: str, required: bool = False) -> tuple[float, ...] | None:
+        v = self.data.get(k)
+        if v is None:
+            if required:
+                raise ConfigError(self.key(k), "is required (a list of numbers)")
+            return None
+        if not isinstance(v, (list, tuple)):
+            v = [v]
+        if not v:
+            raise ConfigError(self.key(k), "must be a non-empty list of numbers")
+        return tuple(check_number(f"{self.key(k)}[{i}]", x) for i, x in enumerate(v))
+
+    def strings(self, k: str, required: bool = False) -> tuple[str, ...]:
+        v = self.data.get(k)
+        if v is None:
+            if required:
+                raise ConfigError(self.key(k), "is required (a list of column names)")
+            return ()
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, (list, tuple)) or not v or not all(isinstance(x, str) and x for x in v):
+            raise ConfigError(self.key(k), f"must be a non-empty list of column names, got {v!r}")
+        if len(set(v)) != len(v):
+            raise ConfigError(self.key(k), f"lists a column twice: {list(v)}")
+        return tuple(v)
+
+
+def check_number(key: str, v, *, low=None, high=None, low_open=False, high_open=False) -> float:
+    if isinstance(v, str):  # YAML 1.1 reads 1e-6 (no dot) as a string
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(key, f"must be a number, got {v!r}")
+    v = float(v)
+    if math.isnan(v):
+        raise ConfigError(key, "must be a number, got NaN")
+    if low is not None and (v < low or (low_open and v == low)):
+        raise ConfigError(key, f"must be {'>' if low_open else '>='} {low:g}, got {v:g}")
+    if high is not None and (v > high or (high_open and v == high)):
+        raise ConfigError(key, f"must be {'<' if high_open else '<='} {high:g}, got {v:g}")
+    if math.isinf(v) and not (high is None and not high_open):
+        raise ConfigError(key, f"must be finite, got {v}")
+    return v
+
+
+# ----------------------------------------------------------------------------
+# Validation
+
+
+TOP_KEYS = ("input", "domain", "privacy", "algorithm", "output", "seed", "diagnostics", "spark")
+
+
+def validate(raw: dict) -> Config:
+    top = Section("", raw, TOP_KEYS)
+    for required in ("input", "domain", "algorithm", "output"):
+        if not top.has(required):
+            raise ConfigError(required, "section is required")
+
+    inp = Section("input", raw["input"], ("path", "format", "features", "privacy_unit"))
+    input_cfg = InputConfig(
+        path=inp.string("path", required=True),
+        format=inp.string("format", "delta", choices=FORMATS),
+        features=inp.strings("features", required=True),
+        privacy_unit=inp.string("privacy_unit"),
+    )
+    if input_cfg.privacy_unit in input_cfg.features:
+        raise ConfigError("input.privacy_unit", f"{input_cfg.privacy_unit!r} is also a feature column")
+
+    domain_cfg = _validate_domain(Section("domain", raw["domain"], ("lower", "upper", "radius", "dim")), input_cfg)
+
+    priv = Section("privacy", raw.get("privacy"), ("epsilon", "delta", "ledger", "budget"))
+    epsilon = priv.number("epsilon", 1.0, low=0.0, low_open=True, high=math.inf)
+    if math.isinf(epsilon):
+        raise ConfigError("privacy.epsilon", "must be finite (a test-only noiseless mode exists in the library, not in configs)")
+    delta = priv.number("delta", 0.0, low=0.0, high=1.0, high_open=True)
+    budget = None
+    if priv.has("budget"):
+        b = Section("privacy.budget", priv.raw("budget"), ("epsilon", "delta"))
+        budget = BudgetConfig(
+            epsilon=b.number("epsilon", required=True, low=0.0, low_open=True, high=1e9),
+            delta=b.number("delta", 0.0, low=0.0, high=1.0),
+        )
+        if not priv.has("ledger"):
+            raise ConfigError("privacy.budget", "needs privacy.ledger (the Delta table that records what each input has spent)")
+    privacy_cfg = PrivacyConfig(epsilon=epsilon, delta=delta, ledger=priv.string("ledger"), budget=budget)
+
+    algo_raw = raw["algorithm"]
+    if not isinstance(algo_raw, Mapping):
+        raise ConfigError("algorithm", f"must be a mapping, got {algo_raw!r}")
+    name = algo_raw.get("name")
+    if name not in FAMILIES:
+        raise ConfigError("algorithm.name", f"{name!r} is not available; allowed: {sorted(FAMILIES)}")
+    family_raw = {k: v for k, v in algo_raw.items() if k not in ("name", "objective", "k")}
+    common = Section("algorithm", {k: algo_raw.get(k) for k in ("name", "objective", "k")}, ("name", "objective", "k"))
+    objective = common.string("objective", "kmeans", choices=OBJECTIVES)
+    k = common.integer("k", required=True, low=1, high=100_000)
+    validator: Callable = importlib.import_module(FAMILIES[name]).validate_params
+    params = validator(Section("algorithm", family_raw, tuple(family_raw)), objective=objective, k=k, dim=domain_cfg.dim, privacy=privacy_cfg)
+    algorithm_cfg = AlgorithmConfig(name=name, objective=objective, k=k, params=params)
+
+    out = Section("output", raw["output"], ("path", "report"))
+    output_cfg = OutputConfig(path=out.string("path", required=True), report=out.boolean("report", True))
+
+    seed = top.integer("seed", None, low=0, high=2**63 - 1)
+    diagnostics = top.boolean("diagnostics", False)
+
+    sp = Section("spark", raw.get("spark"), ("master", "app_name", "conf"))
+    conf = sp.raw("conf", {})
+    if not isinstance(conf, Mapping):
+        raise ConfigError("spark.conf", f"must be a mapping of Spark settings, got {conf!r}")
+    spark_cfg = SparkConfig(
+        master=sp.string("master"),
+        app_name=sp.string("app_name", "dpspark"),
+        conf=tuple(sorted((str(a), _spark_value(b)) for a, b in conf.items())),
+    )
+    return Config(input=input_cfg, domain=domain_cfg, privacy=privacy_cfg, algorithm=algorithm_cfg,
+                  output=output_cfg, seed=seed, diagnostics=diagnostics, spark=spark_cfg)
+
+
+def _spark_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _validate_domain(dom: Section, inp: InputConfig) -> DomainConfig:
+    has_box = dom.has("lower") or dom.has("upper")
+    if has_box and dom.has("radius"):
+        raise ConfigError("domain", "give either a box (lower, upper) or a ball (radius), not both")
+    if dom.has("radius"):
+        radius = dom.number("radius", low=0.0, low_open=True, high=1e300)
+        dim = dom.integer("dim", len(inp.features) if len(inp.features) > 1 else None, low=1)
+        if dim is None:
+            raise ConfigError("domain.dim", "is required with a ball domain when the features are one array column")
+        _check_feature_count(inp, dim)
+        return DomainConfig(dim=dim, radius=radius)
+    if not has_box:
+        raise ConfigError("domain", "needs PUBLIC bounds: lower and upper (a box) or radius (an L2 ball); they are never taken from the data")
+    lower = dom.numbers("lower", required=True)
+    upper = dom.numbers("upper", required=True)
+    if len(lower) != len(upper):
+        raise ConfigError("domain.upper", f"has {len(upper)} values but domain.lower has {len(lower)}")
+    for i, (lo, hi) in enumerate(zip(lower, upper)):
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ConfigError(f"domain.lower[{i}]", "bounds must be finite")
+        if not hi > lo:
+            raise ConfigError(f"domain.upper[{i}]", f"must be > domain.lower[{i}]={lo:g}, got {hi:g}")
+    dim = dom.integer("dim", len(lower), low=1)
+    if dim != len(lower):
+        raise ConfigError("domain.dim", f"is {dim} but the box has {len(lower)} dimensions")
+    _check_feature_count(inp, dim)
+    return DomainConfig(dim=dim, lower=lower, upper=upper)
+
+
+def _check_feature_count(inp: InputConfig, dim: int) -> None:
+    n = len(inp.features)
+    if n != dim and n != 1:
+        raise ConfigError("input.features", f"names {n} columns but the domain has {dim} dimensions (give {dim} numeric columns or one array column)")

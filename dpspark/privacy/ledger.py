@@ -1,0 +1,219 @@
+"""The persistent privacy ledger: a Delta table of what each input table has spent.
+
+Rows (one table, column ``kind`` tells them apart):
+
+- ``balance``: one row per input table (by path): the total epsilon and delta
+  charged to it by every run so far;
+- ``run``: one row per run: run id, algorithm, epsilon and delta charged,
+  status (``charged`` -> ``succeeded`` | ``failed``, or ``refused``), time.
+
+Charging is one Delta MERGE on the balance row whose update and insert clauses
+carry the budget condition, so the check and the charge are a single
+transaction on one snapshot. Two runs that charge the same input at the same
+moment both rewrite the balance row: Delta's optimistic concurrency lets one
+commit and fails the other with a concurrent-modification error; the loser
+retries on the new snapshot, where the budget condition now sees the winner's
+charge. So two runs can never both pass when the budget allows only one.
+
+The charge is written before any data is read and before any result is
+released; a run that fails afterwards stays charged and is marked ``failed``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from dpspark.errors import BudgetRefused
+
+log = logging.getLogger("dpspark")
+
+SCHEMA = (
+    "entry_id STRING, kind STRING, input_path STRING, run_id STRING, algorithm STRING, "
+    "epsilon DOUBLE, delta DOUBLE, status STRING, updated_at TIMESTAMP"
+)
+REL_TOL = 1e-12
+MAX_ATTEMPTS = 40
+
+
+def _balance_id(input_path: str) -> str:
+    return "balance:" + hashlib.sha256(input_path.encode()).hexdigest()[:32]
+
+
+def _is_conflict(exc: Exception) -> bool:
+    text = f"{type(exc).__name__} {exc}"
+    return any(word in text for word in (
+        "Concurrent", "ProtocolChanged", "MetadataChanged", "DELTA_CONCURRENT", "already exists",
+        "DELTA_TABLE_ALREADY_EXISTS", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED",
+    ))
+
+
+@dataclass(frozen=True)
+class LedgerTotals:
+    input_path: str
+    spent_epsilon: float
+    spent_delta: float
+    budget_epsilon: float | None
+    budget_delta: float | None
+
+    def as_dict(self) -> dict:
+        return {
+            "input_path": self.input_path,
+            "spent_epsilon": self.spent_epsilon,
+            "spent_delta": self.spent_delta,
+            "budget_epsilon": self.budget_epsilon,
+            "budget_delta": self.budget_delta,
+            "remaining_epsilon": None if self.budget_epsilon is None else max(0.0, self.budget_epsilon - self.spent_epsilon),
+            "remaining_delta": None if self.budget_delta is None else max(0.0, self.budget_delta - self.spent_delta),
+        }
+
+
+class Ledger:
+    def __init__(self, spark, path: str):
+        self.spark = spark
+        self.path = path
+
+    # -- table --------------------------------------------------------------------
+
+    def _ensure_table(self):
+        from delta.tables import DeltaTable
+
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                if not DeltaTable.isDeltaTable(self.spark, self.path):
+                    DeltaTable.createIfNotExists(self.spark).location(self.path).addColumns(self.spark.createDataFrame([], SCHEMA).schema).execute()
+                return DeltaTable.forPath(self.spark, self.path)
+            except Exception as exc:  # concurrent creation by another run
+                if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
+                    raise
+                time.sleep(random.uniform(0.05, 0.3))
+        raise RuntimeError("unreachable")
+
+    def _now(self):
+        return datetime.now(timezone.utc).replace(tzinfo=None)
+
+    # -- charging -----------------------------------------------------------------
+
+    def charge(self, input_path: str, run_id: str, algorithm: str, epsilon: float, delta: float,
+               budget_epsilon: float | None, budget_delta: float | None) -> LedgerTotals:
+        """Charge (epsilon, delta) to ``input_path``, or raise ``BudgetRefused`` (recording the refusal)."""
+        from pyspark.sql import functions as F
+
+        table = self._ensure_table()
+        source = self.spark.createDataFrame(
+            [(_balance_id(input_path), "balance", input_path, None, None, float(epsilon), float(delta), "total", self._now())],
+            SCHEMA,
+        ).alias("s")
+        if budget_epsilon is None:
+            fits_update = F.lit(True)
+            fits_insert = F.lit(True)
+        else:
+            b_eps = budget_epsilon * (1 + REL_TOL)
+            b_delta = (budget_delta or 0.0) * (1 + REL_TOL)
+            fits_update = (F.col("t.epsilon") + F.col("s.epsilon") <= F.lit(b_eps)) & (F.col("t.delta") + F.col("s.delta") <= F.lit(b_delta))
+            fits_insert = (F.col("s.epsilon") <= F.lit(b_eps)) & (F.col("s.delta") <= F.lit(b_delta))
+        charged = False
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                metrics = (
+                    table.alias("t")
+                    .merge(source, "t.entry_id = s.entry_id")
+                    .whenMatchedUpdate(condition=fits_update, set={
+                        "epsilon": "t.epsilon + s.epsilon",
+                        "delta": "t.delta + s.delta",
+                        "updated_at": "s.updated_at",
+                    })
+                    .whenNotMatchedInsertAll(condition=fits_insert)
+                    .execute()
+                    .first()
+                )
+                changed = int(metrics["num_updated_rows"]) + int(metrics["num_inserted_rows"])
+                charged = changed == 1
+                break
+            except Exception as exc:
+                if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
+                    raise
+                log.info("ledger: concurrent charge on %s, retrying (attempt %d)", input_path, attempt + 2)
+                time.sleep(random.uniform(0.05, 0.5))
+        totals = self.totals(input_path, budget_epsilon, budget_delta)
+        if not charged:
+            self._upsert_run(input_path, run_id, algorithm, 0.0, 0.0, "refused")
+            raise BudgetRefused(
+                f"privacy budget refused for input {input_path!r}: this run needs epsilon={epsilon:g}, delta={delta:g}; "
+                f"already spent epsilon={totals.spent_epsilon:g}, delta={totals.spent_delta:g} of the budget "
+                f"epsilon={budget_epsilon:g}, delta={(budget_delta or 0.0):g} (ledger {self.path})"
+            )
+        self._upsert_run(input_path, run_id, algorithm, epsilon, delta, "charged")
+        return totals
+
+    def mark(self, input_path: str, run_id: str, status: str) -> None:
+        """Set a run's status (``succeeded`` or ``failed``); its charge is never given back."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                DeltaTable.forPath(self.spark, self.path).update(
+                    condition=(F.col("entry_id") == F.lit("run:" + run_id)) & (F.col("input_path") == F.lit(input_path)),
+                    set={"status": F.lit(status), "updated_at": F.lit(self._now())},
+                )
+                return
+            except Exception as exc:
+                if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
+                    raise
+                time.sleep(random.uniform(0.05, 0.5))
+
+    def _upsert_run(self, input_path, run_id, algorithm, epsilon, delta, status) -> None:
+        from delta.tables import DeltaTable
+
+        # A re-run with the same run id charges again: its row accumulates what it was charged.
+        source = self.spark.createDataFrame(
+            [("run:" + run_id, "run", input_path, run_id, algorithm, float(epsilon), float(delta), status, self._now())],
+            SCHEMA,
+        ).alias("s")
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                (
+                    DeltaTable.forPath(self.spark, self.path).alias("t")
+                    .merge(source, "t.entry_id = s.entry_id AND t.input_path = s.input_path")
+                    .whenMatchedUpdate(set={
+                        "epsilon": "t.epsilon + s.epsilon", "delta": "t.delta + s.delta",
+                        "status": "s.status", "algorithm": "s.algorithm", "updated_at": "s.updated_at",
+                    })
+                    .whenNotMatchedInsertAll()
+                    .execute()
+                )
+                return
+            except Exception as exc:
+                if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
+                    raise
+                time.sleep(random.uniform(0.05, 0.5))
+
+    # -- reading ------------------------------------------------------------------
+
+    def totals(self, input_path: str, budget_epsilon=None, budget_delta=None) -> LedgerTotals:
+        from pyspark.sql import functions as F
+
+        row = (
+            self.spark.read.format("delta").load(self.path)
+            .where(F.col("entry_id") == _balance_id(input_path))
+            .select("epsilon", "delta").first()
+        )
+        return LedgerTotals(
+            input_path=input_path,
+            spent_epsilon=float(row["epsilon"]) if row else 0.0,
+            spent_delta=float(row["delta"]) if row else 0.0,
+            budget_epsilon=budget_epsilon,
+            budget_delta=budget_delta if budget_epsilon is not None else None,
+        )
+
+    def runs(self, input_path: str | None = None):
+        """The run rows, as a list of dicts (for tests and reports)."""
+        df = self.spark.read.format("delta").load(self.path).where("kind = 'run'")
+        if input_path is not None:
+            df = df.where(df.input_path == input_path)
+        return [r.asDict() for r in df.orderBy("updated_at").collect()]

@@ -1,0 +1,47 @@
+"""Shared fixtures: ONE local SparkSession (with real Delta Lake) for the whole test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATASETS = ROOT.parent / "shared" / "datasets"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from dpspark.session import build_session
+
+    session = build_session(master="local[2]", app_name="dpspark-tests", testing=True,
+                            conf={"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
+
+
+def blobs(n_per: int, centers, scale: float, seed: int) -> np.ndarray:
+    """Well-separated Gaussian blobs (test data)."""
+    r = np.random.default_rng(seed)
+    return np.concatenate([np.asarray(c) + r.normal(0, scale, size=(n_per, len(c))) for c in centers])
+
+
+@pytest.fixture
+def write_delta(spark, tmp_path):
+    """Write a pandas DataFrame as a real Delta table under tmp_path; return its path."""
+    counter = {"n": 0}
+
+    def _write(pdf, name: str | None = None, partitions: int = 2) -> str:
+        counter["n"] += 1
+        path = str(tmp_path / (name or f"table{counter['n']}"))
+        spark.createDataFrame(pdf).repartition(partitions).write.format("delta").mode("overwrite").save(path)
+        return path
+
+    return _write

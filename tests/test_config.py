@@ -1,0 +1,97 @@
+"""Config loading, --set overrides and validation (no Spark)."""
+
+import pytest
+
+from dpspark.config import load_config, parse_value, validate
+from dpspark.errors import ConfigError
+
+
+def base():
+    return {
+        "input": {"path": "data/points", "features": ["x", "y"]},
+        "domain": {"lower": [0, 0], "upper": [1, 1]},
+        "privacy": {"epsilon": 1.0},
+        "algorithm": {"name": "dplloyd", "k": 3},
+        "output": {"path": "out/x"},
+    }
+
+
+def test_demo_config_validates():
+    cfg = load_config("conf/demo.yaml")
+    assert cfg.algorithm.name == "dplloyd" and cfg.algorithm.k == 5
+    assert cfg.domain.lower == (0.0, 0.0) and cfg.domain.upper == (100.0, 100.0)
+    assert cfg.algorithm.params.variant == "allocation_nk" and cfg.algorithm.params.iterations == 12
+    assert cfg.privacy.budget.epsilon == 10.0
+
+
+def test_set_overrides_any_key_and_parses_lists():
+    cfg = load_config("conf/demo.yaml", ["algorithm.k=7", "domain.lower=1,2", "domain.upper=[50, 60]",
+                                         "algorithm.variant=average_k", "privacy.epsilon=0.5", "seed=3"])
+    assert cfg.algorithm.k == 7 and cfg.domain.lower == (1.0, 2.0) and cfg.domain.upper == (50.0, 60.0)
+    assert cfg.algorithm.params.variant == "average_k" and cfg.algorithm.params.schedule == "average"
+    assert cfg.privacy.epsilon == 0.5 and cfg.seed == 3
+
+
+def test_parse_value():
+    assert parse_value("1,2") == [1, 2]
+    assert parse_value("[x, y]") == ["x", "y"]
+    assert parse_value("null") is None
+    assert parse_value("out/run") == "out/run"
+    assert parse_value("1e-6") == 1e-6
+
+
+@pytest.mark.parametrize("mutate, key, words", [
+    (lambda r: r["privacy"].update(epsilon=0), "privacy.epsilon", "> 0"),
+    (lambda r: r["privacy"].update(epsilon=-1), "privacy.epsilon", "> 0"),
+    (lambda r: r["privacy"].update(delta=1.0), "privacy.delta", "< 1"),
+    (lambda r: r["privacy"].update(epsilon="lots"), "privacy.epsilon", "number"),
+    (lambda r: r["algorithm"].update(k=0), "algorithm.k", ">= 1"),
+    (lambda r: r["algorithm"].update(name="kmeans"), "algorithm.name", "allowed"),
+    (lambda r: r["algorithm"].update(variant="best"), "algorithm.variant", "allowed"),
+    (lambda r: r["algorithm"].update(variant="average_k", schedule="allocation"), "algorithm.schedule", "contradicts"),
+    (lambda r: r["algorithm"].update(objective="kmedian"), "algorithm.objective", "not supported"),
+    (lambda r: r["algorithm"].update(iterations=2), "algorithm.iterations", ">= 3"),
+    (lambda r: r["algorithm"].update(colour="red"), "algorithm.colour", "unknown key"),
+    (lambda r: r["domain"].update(upper=[1, 0]), "domain.upper[1]", "must be >"),
+    (lambda r: r["domain"].update(upper=[1]), "domain.upper", "has 1 values"),
+    (lambda r: r.pop("domain"), "domain", "required"),
+    (lambda r: r["domain"].update(radius=1.0), "domain", "not both"),
+    (lambda r: r["input"].update(features=["x", "y", "z"]), "input.features", "3 columns"),
+    (lambda r: r["input"].update(format="xls"), "input.format", "allowed"),
+    (lambda r: r["input"].pop("path"), "input.path", "required"),
+    (lambda r: r.update(colour=1), "colour", "unknown key"),
+    (lambda r: r["privacy"].update(budget={"epsilon": 3}), "privacy.budget", "ledger"),
+    (lambda r: r.update(seed=-4), "seed", ">= 0"),
+])
+def test_invalid_values_name_the_key(mutate, key, words):
+    raw = base()
+    mutate(raw)
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert err.value.key == key
+    assert words in str(err.value)
+    assert f"'{key}'" in str(err.value)
+
+
+def test_ball_domain_and_array_column():
+    raw = base()
+    raw["domain"] = {"radius": 2.0, "dim": 3}
+    raw["input"]["features"] = ["vec"]
+    cfg = validate(raw)
+    assert cfg.domain.kind == "ball" and cfg.domain.dim == 3
+    raw["domain"] = {"radius": 2.0}
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert err.value.key == "domain.dim"
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError) as err:
+        load_config("does/not/exist.yaml")
+    assert err.value.key == "--config"
+
+
+def test_bad_set_syntax():
+    with pytest.raises(ConfigError) as err:
+        load_config("conf/demo.yaml", ["algorithm.k"])
+    assert err.value.key == "--set"
