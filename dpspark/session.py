@@ -23,6 +23,8 @@ DELTA_PACKAGE = f"io.delta:delta-spark_{SPARK_MINOR}_2.13:{DELTA_VERSION}"
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # dpspark's only MERGEs (the ledger) take a one-row local source: no need to materialize it.
+    "spark.databricks.delta.merge.materializeSource": "none",
 }
 
 # Sensible defaults for one machine; a config's spark.conf overrides them.

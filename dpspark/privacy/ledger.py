@@ -4,8 +4,8 @@ Rows (one table, column ``kind`` tells them apart):
 
 - ``balance``: one row per input table (by path): the total epsilon and delta
   charged to it by every run so far;
-- ``run``: one row per run: run id, algorithm, epsilon and delta charged,
-  status (``charged`` -> ``succeeded`` | ``failed``, or ``refused``), time.
+- ``run``: an append-only log of run events: ``charged`` (with the epsilon and
+  delta charged), then ``succeeded`` or ``failed``; or ``refused`` (charged 0).
 
 Charging is one Delta MERGE on the balance row whose update and insert clauses
 carry the budget condition, so the check and the charge are a single
@@ -25,6 +25,7 @@ import hashlib
 import logging
 import random
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -141,57 +142,24 @@ class Ledger:
                 time.sleep(random.uniform(0.05, 0.5))
         totals = self.totals(input_path, budget_epsilon, budget_delta)
         if not charged:
-            self._upsert_run(input_path, run_id, algorithm, 0.0, 0.0, "refused")
+            self._append_event(input_path, run_id, algorithm, 0.0, 0.0, "refused")
             raise BudgetRefused(
                 f"privacy budget refused for input {input_path!r}: this run needs epsilon={epsilon:g}, delta={delta:g}; "
                 f"already spent epsilon={totals.spent_epsilon:g}, delta={totals.spent_delta:g} of the budget "
                 f"epsilon={budget_epsilon:g}, delta={(budget_delta or 0.0):g} (ledger {self.path})"
             )
-        self._upsert_run(input_path, run_id, algorithm, epsilon, delta, "charged")
+        self._append_event(input_path, run_id, algorithm, epsilon, delta, "charged")
         return totals
 
     def mark(self, input_path: str, run_id: str, status: str) -> None:
-        """Set a run's status (``succeeded`` or ``failed``); its charge is never given back."""
-        from delta.tables import DeltaTable
-        from pyspark.sql import functions as F
+        """Record a run's new status (``succeeded`` or ``failed``); its charge is never given back."""
+        self._append_event(input_path, run_id, None, 0.0, 0.0, status)
 
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                DeltaTable.forPath(self.spark, self.path).update(
-                    condition=(F.col("entry_id") == F.lit("run:" + run_id)) & (F.col("input_path") == F.lit(input_path)),
-                    set={"status": F.lit(status), "updated_at": F.lit(self._now())},
-                )
-                return
-            except Exception as exc:
-                if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
-                    raise
-                time.sleep(random.uniform(0.05, 0.5))
-
-    def _upsert_run(self, input_path, run_id, algorithm, epsilon, delta, status) -> None:
-        from delta.tables import DeltaTable
-
-        # A re-run with the same run id charges again: its row accumulates what it was charged.
-        source = self.spark.createDataFrame(
-            [("run:" + run_id, "run", input_path, run_id, algorithm, float(epsilon), float(delta), status, self._now())],
-            SCHEMA,
-        ).alias("s")
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                (
-                    DeltaTable.forPath(self.spark, self.path).alias("t")
-                    .merge(source, "t.entry_id = s.entry_id AND t.input_path = s.input_path")
-                    .whenMatchedUpdate(set={
-                        "epsilon": "t.epsilon + s.epsilon", "delta": "t.delta + s.delta",
-                        "status": "s.status", "algorithm": "s.algorithm", "updated_at": "s.updated_at",
-                    })
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                )
-                return
-            except Exception as exc:
-                if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
-                    raise
-                time.sleep(random.uniform(0.05, 0.5))
+    def _append_event(self, input_path, run_id, algorithm, epsilon, delta, status) -> None:
+        """Append one run event. Blind appends never conflict with other transactions."""
+        row = (f"run:{run_id}:{status}:{uuid.uuid4().hex[:12]}", "run", input_path, run_id, algorithm,
+               float(epsilon), float(delta), status, self._now())
+        self.spark.createDataFrame([row], SCHEMA).coalesce(1).write.format("delta").mode("append").save(self.path)
 
     # -- reading ------------------------------------------------------------------
 
@@ -212,7 +180,7 @@ class Ledger:
         )
 
     def runs(self, input_path: str | None = None):
-        """The run rows, as a list of dicts (for tests and reports)."""
+        """The run events (charged, refused, succeeded, failed), oldest first, as dicts."""
         df = self.spark.read.format("delta").load(self.path).where("kind = 'run'")
         if input_path is not None:
             df = df.where(df.input_path == input_path)

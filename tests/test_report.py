@@ -1,0 +1,180 @@
+"""Tests for dpspark.report (report.png from released values). No Spark."""
+
+import time
+
+import numpy as np
+import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.text import Text
+
+from dpspark.report import NON_PRIVATE_LABEL, build_figure, write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def make_info(d=2, k=4, *, ledger=True, diagnostics=False, seed_note=None, weights=None, rng_seed=0):
+    rng = np.random.default_rng(rng_seed)
+    centers = rng.uniform(-1, 1, size=(k, d))
+    noisy = rng.normal(100.0, 30.0, size=k) if weights is None else np.asarray(weights, dtype=float)
+    info = {
+        "run_id": "run-0001",
+        "algorithm": "dplloyd",
+        "objective": "kmeans",
+        "k": k,
+        "epsilon_spent": 1.0,
+        "delta_spent": 0.0,
+        "epsilon_configured": 1.0,
+        "delta_configured": 1e-6,
+        "centers": centers.tolist(),
+        "noisy_weights": noisy.tolist(),
+        "feature_names": [f"feat_{i}" for i in range(d)],
+        "charges": [{"step": f"iteration {i + 1}", "epsilon": 1.0 / 12, "delta": 0.0, "rule": "laplace"}
+                    for i in range(12)],
+        "ledger": ({"spent_epsilon": 3.0, "spent_delta": 2e-6, "budget_epsilon": 10.0, "budget_delta": 1e-5}
+                   if ledger else None),
+        "parameters": {"variant": "allocation_nk", "iterations": 12, "noise": "paper"},
+        "timings": {"read": 1.5, "iterate": 4.25, "write": 0.5},
+        "seed_note": seed_note,
+        "diagnostics": None,
+    }
+    if diagnostics:
+        info["diagnostics"] = {"true_cost": 42.5, "data_sample": rng.normal(size=(500, d))}
+    return info
+
+
+def figure_texts(fig):
+    """Every string drawn on the figure (titles, labels, tick labels, annotations)."""
+    return [t.get_text() for t in fig.findobj(Text)]
+
+
+def drawn_points(fig):
+    """Total number of scatter points in the figure's axes (legend handles excluded)."""
+    return sum(len(c.get_offsets()) for ax in fig.axes for c in ax.collections if isinstance(c, PathCollection))
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert 20_000 < len(data) < 3_000_000  # a real multi-panel figure, not an empty image
+
+
+@pytest.mark.parametrize("d", [1, 2, 10])
+@pytest.mark.parametrize("ledger", [True, False])
+def test_writes_valid_png(tmp_path, d, ledger):
+    path = tmp_path / "out" / "report.png"  # parent directory is created
+    write_report(path, make_info(d=d, ledger=ledger))
+    assert_png(path)
+
+
+def test_with_diagnostics_draws_sample_and_says_non_private(tmp_path):
+    info = make_info(d=10, k=5, diagnostics=True)
+    fig = build_figure(info)
+    joined = "\n".join(figure_texts(fig))
+    assert NON_PRIVATE_LABEL == "NON-PRIVATE DIAGNOSTICS"
+    assert NON_PRIVATE_LABEL in joined
+    assert "true_cost" in joined
+    assert drawn_points(fig) == 5 + 500  # centers plus the (non-private) data sample
+    red = [t for t in fig.findobj(Text) if NON_PRIVATE_LABEL in t.get_text() and t.get_color() in ("red", "white")]
+    assert red
+    write_report(tmp_path / "r.png", info)
+    assert_png(tmp_path / "r.png")
+
+
+def test_without_diagnostics_only_released_values_are_drawn():
+    info = make_info(d=2, k=4)
+    assert info["diagnostics"] is None
+    fig = build_figure(info)
+    joined = "\n".join(figure_texts(fig))
+    assert "NON-PRIVATE" not in joined
+    assert "true_cost" not in joined
+    assert drawn_points(fig) == 4  # exactly the k released centers, nothing else
+    # Key released values are shown.
+    assert "run-0001" in joined and "k = 4" in joined
+    assert "remaining 7" in joined  # ledger: 10 - 3
+
+
+def test_no_ledger_says_so():
+    joined = "\n".join(figure_texts(build_figure(make_info(ledger=False))))
+    assert "no ledger configured" in joined
+
+
+def test_ledger_without_budget_cap():
+    info = make_info()
+    info["ledger"] = {"spent_epsilon": 2.0, "spent_delta": 0.0, "budget_epsilon": None, "budget_delta": None}
+    joined = "\n".join(figure_texts(build_figure(info)))
+    assert "no budget cap" in joined
+
+
+def test_high_dimension_is_projected_on_principal_components_of_centers():
+    joined = "\n".join(figure_texts(build_figure(make_info(d=10, k=6))))
+    assert "PC1 of released centers" in joined and "PC2 of released centers" in joined
+    assert "not of the data" in joined
+
+
+def test_projection_uses_centers_not_data():
+    # Same centers, different (diagnostic) data samples: the centers land at the same place.
+    a = make_info(d=5, k=6, diagnostics=True, rng_seed=3)
+    b = make_info(d=5, k=6, diagnostics=True, rng_seed=3)
+    b["diagnostics"]["data_sample"] = np.random.default_rng(99).normal(size=(500, 5)) * 50
+
+    def center_offsets(info):
+        fig = build_figure(info)
+        colls = [c for c in fig.axes[0].collections if len(c.get_offsets()) == 6]
+        return np.asarray(colls[0].get_offsets())
+
+    assert np.allclose(center_offsets(a), center_offsets(b))
+
+
+def test_seed_note_is_red():
+    fig = build_figure(make_info(seed_note="fixed seed: a testing aid, NOT private"))
+    notes = [t for t in fig.findobj(Text) if "NOT private" in t.get_text()]
+    assert notes and all(t.get_color() == "red" for t in notes)
+    fig = build_figure(make_info(seed_note=None))
+    assert not any("NOT private" in t for t in figure_texts(fig))
+
+
+@pytest.mark.parametrize(
+    "weights, d",
+    [([0.0], 2), ([0.0, 0.0, 0.0], 3), ([-12.5, 40.0, -0.5], 2), ([-3.0], 1), ([5.0], 10)],
+)
+def test_edge_cases_k1_zero_and_negative_weights(tmp_path, weights, d):
+    info = make_info(d=d, k=len(weights), weights=weights)
+    fig = build_figure(info)
+    joined = "\n".join(figure_texts(fig))
+    for j, w in enumerate(weights):
+        assert f"#{j}: {w:+.4g}" in joined  # sign shown in the label
+    write_report(tmp_path / "r.png", info)
+    assert_png(tmp_path / "r.png")
+
+
+def test_no_charges_and_empty_parameters(tmp_path):
+    info = make_info()
+    info.update(charges=[], parameters={}, timings={})
+    joined = "\n".join(figure_texts(build_figure(info)))
+    assert "no charges recorded" in joined
+    write_report(tmp_path / "r.png", info)
+    assert_png(tmp_path / "r.png")
+
+
+def test_mismatched_weights_are_rejected():
+    info = make_info(k=3)
+    info["noisy_weights"] = [1.0, 2.0]
+    with pytest.raises(ValueError, match="noisy_weights has 2 values but centers has 3 rows"):
+        build_figure(info)
+
+
+def test_fast(tmp_path):
+    write_report(tmp_path / "warm.png", make_info(d=2))  # first call pays for font loading
+    start = time.perf_counter()
+    write_report(tmp_path / "r.png", make_info(d=10, k=30, diagnostics=True))
+    assert time.perf_counter() - start < 2.0
+
+
+def test_no_pyplot_state_leaks(tmp_path):
+    import sys
+
+    write_report(tmp_path / "r.png", make_info())
+    if "matplotlib.pyplot" in sys.modules:  # another test may have imported it
+        import matplotlib.pyplot as plt
+
+        assert plt.get_fignums() == []
