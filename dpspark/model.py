@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from dpspark.privacy.domain import Domain
 
@@ -42,7 +43,6 @@ class ClusteringModel:
 
         NOT differentially private: the labels are computed from the rows of ``df``.
         """
-        import pandas as pd
         from pyspark.sql import functions as F
         from pyspark.sql.functions import pandas_udf
 
@@ -54,13 +54,13 @@ class ClusteringModel:
         c_sq = (unit_centers**2).sum(axis=1)
 
         @pandas_udf("int")
-        def nearest(*cols: pd.Series) -> pd.Series:
-            x = np.column_stack([c.to_numpy(dtype=np.float64) for c in cols])
+        def nearest(points: pd.DataFrame) -> pd.Series:
+            x = points.to_numpy(dtype=np.float64)
             labels = np.argmin(c_sq[None, :] - 2.0 * (np.nan_to_num(x) @ unit_centers.T), axis=1)
             out = pd.Series(labels.astype(np.int32))
             return out.where(~np.isnan(x).any(axis=1), None)
 
-        return df.withColumn(prediction_col, nearest(*unit_cols))
+        return df.withColumn(prediction_col, nearest(F.struct(*[c.alias(f"u{j}") for j, c in enumerate(unit_cols)])))
 
     def summary(self) -> dict:
         return {

@@ -1,0 +1,237 @@
+"""End to end on real Delta tables: reading, schema errors, outputs, idempotency, CLI exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from dpspark import tables
+from dpspark.cli import main
+from dpspark.privacy.domain import Domain
+
+from conftest import ROOT, blobs
+
+PY = sys.executable
+
+
+def points_frame(n_per=300, seed=1):
+    x = blobs(n_per, [(20, 20), (80, 30), (50, 80)], 5.0, seed)
+    return pd.DataFrame({"user": np.arange(len(x)), "x": x[:, 0], "y": x[:, 1]})
+
+
+def make_config(tmp_path, input_path, **overrides):
+    cfg = {
+        "input": {"path": input_path, "format": "delta", "features": ["x", "y"]},
+        "domain": {"lower": [0, 0], "upper": [100, 100]},
+        "privacy": {"epsilon": 1.0, "delta": 0.0},
+        "algorithm": {"name": "dplloyd", "k": 3, "variant": "average_k", "iterations": 5},
+        "output": {"path": str(tmp_path / "out")},
+        "seed": 7,
+        "spark": {"conf": {"spark.ui.enabled": False}},
+    }
+    for key, value in overrides.items():
+        node = cfg
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    path = tmp_path / f"cfg-{len(list(tmp_path.glob('cfg-*')))}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path), cfg
+
+
+def read_summary(cfg):
+    with open(os.path.join(cfg["output"]["path"], "summary.json")) as handle:
+        return json.load(handle)
+
+
+def test_delta_round_trip_records_the_version_read(spark, tmp_path, write_delta):
+    path = write_delta(points_frame())
+    df, version = tables.load_table(spark, path, "delta")
+    assert version == 0 and df.count() == 900
+    spark.createDataFrame(points_frame(10, seed=2)).write.format("delta").mode("append").save(path)
+    df, version = tables.load_table(spark, path, "delta")
+    assert version == 1 and df.count() == 930
+    cfg_path, cfg = make_config(tmp_path, path)
+    assert main(["run", "--config", cfg_path, "--run-id", "v1"], spark=spark) == 0
+    runs = spark.read.format("delta").load(cfg["output"]["path"] + "/runs").collect()
+    assert [(r.run_id, r.status, r.input_version) for r in runs] == [("v1", "succeeded", 1)]
+
+
+def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_delta):
+    path = write_delta(points_frame())
+    cfg_path, cfg = make_config(tmp_path, path, **{"algorithm.variant": "allocation_nk", "algorithm.iterations": 6})
+    assert main(["run", "--config", cfg_path, "--run-id", "full"], spark=spark) == 0
+    out = cfg["output"]["path"]
+    summary = read_summary(cfg)
+    assert summary["status"] == "succeeded" and summary["k"] == 3 and len(summary["centers"]) == 3
+    assert abs(summary["epsilon_spent"] - 1.0) <= 1e-9 and summary["delta_spent"] == 0.0
+    assert abs(sum(c["epsilon"] for c in summary["charges"]) - 1.0) <= 1e-9
+    centers = spark.read.format("delta").load(out + "/centers").orderBy("cluster_id").toPandas()
+    assert list(centers.columns) == ["run_id", "cluster_id", "x", "y", "noisy_weight"]
+    assert len(centers) == 3 and set(centers.run_id) == {"full"}
+    # Real clusters at (20,20), (80,30), (50,80): each found within 10 units at epsilon = 1, n = 900.
+    found = centers[["x", "y"]].to_numpy()
+    for truth in [(20, 20), (80, 30), (50, 80)]:
+        assert np.min(np.linalg.norm(found - np.array(truth), axis=1)) < 10
+    run = spark.read.format("delta").load(out + "/runs").first()
+    assert run.status == "succeeded" and abs(run.epsilon_spent - 1.0) < 1e-9 and run.seed == 7 and run.private is False
+    with open(out + "/report.png", "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_same_run_id_twice_leaves_one_set_of_rows(spark, tmp_path, write_delta):
+    path = write_delta(points_frame(100))
+    cfg_path, cfg = make_config(tmp_path, path)
+    assert main(["run", "--config", cfg_path, "--run-id", "again"], spark=spark) == 0
+    assert main(["run", "--config", cfg_path, "--run-id", "again"], spark=spark) == 0
+    assert main(["run", "--config", cfg_path, "--run-id", "other"], spark=spark) == 0
+    centers = spark.read.format("delta").load(cfg["output"]["path"] + "/centers")
+    assert centers.where("run_id = 'again'").count() == 3 and centers.count() == 6
+    runs = spark.read.format("delta").load(cfg["output"]["path"] + "/runs")
+    assert runs.where("run_id = 'again'").count() == 1 and runs.count() == 2
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 17])
+def test_exact_aggregates_do_not_depend_on_partitioning(spark, partitions):
+    from dpspark.dplloyd.core import numpy_aggregate
+    from dpspark.dplloyd.passes import spark_aggregate
+
+    x = np.random.default_rng(3).uniform(-1, 1, size=(2000, 3))
+    df = spark.createDataFrame(pd.DataFrame(x, columns=["_u0", "_u1", "_u2"])).repartition(partitions)
+    centroids = np.random.default_rng(4).uniform(-1, 1, size=(7, 3))
+    counts, sums = spark_aggregate(df, ["_u0", "_u1", "_u2"])(centroids)
+    ref_counts, ref_sums = numpy_aggregate(x)(centroids)
+    assert counts.dtype == np.int64 and sums.dtype == np.int64
+    assert np.array_equal(counts, ref_counts) and np.array_equal(sums, ref_sums)
+
+
+def test_invalid_rows_are_dropped_and_points_clipped(spark, write_delta):
+    pdf = pd.DataFrame({"x": [10.0, np.nan, np.inf, 30.0, None, -50.0, 250.0],
+                        "y": [10.0, 5.0, 5.0, -np.inf, 5.0, 50.0, 100.0]})
+    df, _ = tables.load_table(spark, write_delta(pdf), "delta")
+    unit, _ = tables.prepare_points(df, ("x", "y"), None, Domain(2, (0.0, 0.0), (100.0, 100.0)), "k")
+    got = np.array(sorted(map(tuple, unit.toPandas().to_numpy())))
+    assert np.allclose(got, [(-1.0, 0.0), (-0.8, -0.8), (1.0, 1.0)])  # clipped into the box, never dropped
+
+
+def test_array_and_vector_feature_columns(spark):
+    from pyspark.ml.linalg import Vectors
+
+    rows = [([1.0, 2.0],), ([3.0, 4.0],), ([5.0],)]  # the last has the wrong length: dropped
+    df = spark.createDataFrame(rows, "v ARRAY<DOUBLE>")
+    domain = Domain(2, (0.0, 0.0), (10.0, 10.0))
+    unit, names = tables.prepare_points(df, ("v",), None, domain, "k")
+    assert names == ["v_0", "v_1"] and unit.count() == 2
+    vec = spark.createDataFrame([(Vectors.dense([1.0, 2.0]),), (Vectors.dense([3.0, 4.0]),)], ["v"])
+    unit, _ = tables.prepare_points(vec, ("v",), None, domain, "k")
+    assert np.allclose(sorted(unit.toPandas()["_u0"]), [-0.8, -0.4])
+
+
+def test_contribution_bounding_keeps_one_row_per_person(spark):
+    # Person 0 owns 1000 rows; persons 1..20 own one row each.
+    pdf = pd.DataFrame({"person": [0] * 1000 + list(range(1, 21)),
+                        "x": np.r_[np.linspace(0, 99, 1000), np.full(20, 50.0)], "y": 50.0})
+    df = spark.createDataFrame(pdf)
+    domain = Domain(2, (0.0, 0.0), (100.0, 100.0))
+    unit, _ = tables.prepare_points(df, ("x", "y"), "person", domain, "run-key-a")
+    kept = unit.toPandas()
+    assert len(kept) == 21  # the person with 1000 rows has the influence of a person with one
+    again, _ = tables.prepare_points(df, ("x", "y"), "person", domain, "run-key-a")
+    assert np.array_equal(np.sort(kept["_u0"]), np.sort(again.toPandas()["_u0"]))  # deterministic per run key
+    chosen = set()
+    for key in range(12):
+        u, _ = tables.prepare_points(df, ("x", "y"), "person", domain, f"run-key-{key}")
+        chosen.add(round(float(u.toPandas()["_u0"].min()), 6))
+    assert len(chosen) >= 6  # different run keys pick different rows of person 0
+
+
+def test_empty_table_releases_noise_only_output(spark, tmp_path):
+    path = str(tmp_path / "empty")
+    spark.createDataFrame([], "x DOUBLE, y DOUBLE").write.format("delta").save(path)
+    cfg_path, cfg = make_config(tmp_path, path)
+    assert main(["run", "--config", cfg_path], spark=spark) == 0
+    assert len(read_summary(cfg)["centers"]) == 3
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_parquet_and_csv_inputs(spark, tmp_path, fmt):
+    path = str(tmp_path / f"in-{fmt}")
+    writer = spark.createDataFrame(points_frame(50)).coalesce(1).write.mode("overwrite")
+    writer.option("header", True).csv(path) if fmt == "csv" else writer.parquet(path)
+    cfg_path, cfg = make_config(tmp_path, path, **{"input.format": fmt})
+    assert main(["run", "--config", cfg_path], spark=spark) == 0
+    assert read_summary(cfg)["input"]["version"] is None
+
+
+@pytest.mark.parametrize("case", ["missing table", "missing column", "text column", "missing unit"])
+def test_schema_errors_exit_1_and_write_nothing(spark, tmp_path, write_delta, case, capsys):
+    pdf = points_frame(20).assign(name="a")
+    path = write_delta(pdf)
+    overrides = {
+        "missing table": {"input.path": str(tmp_path / "nope")},
+        "missing column": {"input.features": ["x", "z"]},
+        "text column": {"input.features": ["x", "name"]},
+        "missing unit": {"input.privacy_unit": "person_id"},
+    }[case]
+    cfg_path, cfg = make_config(tmp_path, path, **overrides)
+    assert main(["run", "--config", cfg_path], spark=spark) == 1
+    err = capsys.readouterr().err
+    assert {"missing table": "not found", "missing column": "'z'", "text column": "'name'", "missing unit": "'person_id'"}[case] in err
+    assert not os.path.exists(cfg["output"]["path"])
+
+
+def test_transform_adds_predictions(spark, tmp_path, write_delta):
+    from dpspark.dplloyd.estimator import DPLloyd
+
+    df = spark.createDataFrame(points_frame(100))
+    model = DPLloyd(k=3, epsilon=2.0, domain=Domain(2, (0.0, 0.0), (100.0, 100.0)), features=("x", "y"),
+                    variant="average_k", iterations=5, seed=3).fit(df)
+    assert model.centers.shape == (3, 2) and abs(model.epsilon_spent - 2.0) < 1e-9
+    labelled = model.transform(df).toPandas()
+    assert set(labelled["prediction"]) <= {0, 1, 2}
+    # rows of one true blob share a label
+    assert labelled.iloc[:100]["prediction"].nunique() == 1
+
+
+def test_bad_config_exits_2_before_spark_starts(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"input": {"path": "x", "features": ["a", "b"]}, "domain": {"lower": [0, 0], "upper": [1, 1]},
+                                   "privacy": {"epsilon": -1}, "algorithm": {"name": "dplloyd", "k": 2}, "output": {"path": "o"}}))
+    start = time.time()
+    proc = subprocess.run([PY, "-m", "dpspark.cli", "run", "--config", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "privacy.epsilon" in proc.stderr and "> 0" in proc.stderr
+    assert "Spark" not in proc.stderr and time.time() - start < 20
+    proc = subprocess.run([PY, "-m", "dpspark.cli", "run", "--config", "conf/demo.yaml", "--set", "algorithm.k=zero"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "algorithm.k" in proc.stderr
+    proc = subprocess.run([PY, "-m", "dpspark.cli", "run"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "--config" in proc.stderr
+    proc = subprocess.run([PY, "-m", "dpspark.cli", "run", "--config", "conf/demo.yaml", "--run-id", "bad id!"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "--run-id" in proc.stderr
+
+
+def test_spark_submit_entry_point(tmp_path, spark, write_delta):
+    """jobs/cluster.py under spark-submit: same arguments, exit code passed through, master from spark-submit."""
+    from dpspark.session import cached_delta_jars
+
+    path = write_delta(points_frame(50))
+    cfg_path, cfg = make_config(tmp_path, path)
+    submit = os.path.join(os.path.dirname(PY), "spark-submit")
+    env = dict(os.environ, PYSPARK_PYTHON=PY, PYSPARK_DRIVER_PYTHON=PY)
+    cmd = [submit, "--master", "local[1]", "--conf", "spark.ui.enabled=false", "--jars", ",".join(cached_delta_jars()),
+           "jobs/cluster.py", "--config", cfg_path, "--run-id", "submitted"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_summary(cfg)["run_id"] == "submitted"
+    assert "released centers" in proc.stdout
