@@ -31,6 +31,7 @@ from dpspark.progress import log, step
 
 ESTIMATORS = {
     "dplloyd": "dpspark.dplloyd.estimator:DPLloyd",
+    "maxcover": "dpspark.maxcover.estimator:MaxCover",
 }
 
 
@@ -119,7 +120,8 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
 
     wrote_report = False
     try:
-        model = estimator.fit(df, timings=timings)
+        with step(f"{config.algorithm.name}: fit", timings):
+            model = estimator.fit(df, timings=timings)
         if not (math.isclose(model.epsilon_spent, plan_eps, rel_tol=1e-9, abs_tol=1e-12)
                 and math.isclose(model.delta_spent, plan_delta, rel_tol=1e-9, abs_tol=1e-15)):
             raise PrivacyAccountingError(
@@ -150,8 +152,9 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
                 wrote_report = True
         summary["timings"] = dict(timings)
         record.update(status="succeeded", ended_at=_now())
-        tables.write_run_record(spark, paths["runs"], record)
-        tables.write_json(spark, paths["summary"], summary)
+        with step("write runs table and summary.json", timings):
+            tables.write_run_record(spark, paths["runs"], record)
+            tables.write_json(spark, paths["summary"], summary)
     except BaseException as exc:
         log.error("run %s failed: %s", run_id, exc)
         _cleanup(spark, paths, run_id, wrote_report)

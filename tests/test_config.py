@@ -62,6 +62,7 @@ def test_parse_value():
     (lambda r: r.update(colour=1), "colour", "unknown key"),
     (lambda r: r["privacy"].update(budget={"epsilon": 3}), "privacy.budget", "ledger"),
     (lambda r: r.update(seed=-4), "seed", ">= 0"),
+    (lambda r: r["privacy"].update(delta=1e-6), "privacy.delta", "pure epsilon-DP"),
 ])
 def test_invalid_values_name_the_key(mutate, key, words):
     raw = base()
@@ -95,3 +96,10 @@ def test_bad_set_syntax():
     with pytest.raises(ConfigError) as err:
         load_config("conf/demo.yaml", ["algorithm.k"])
     assert err.value.key == "--set"
+
+
+def test_every_family_is_registered_with_an_estimator():
+    from dpspark.config import FAMILIES
+    from dpspark.runner import ESTIMATORS
+
+    assert set(FAMILIES) == set(ESTIMATORS)

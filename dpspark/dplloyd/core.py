@@ -99,6 +99,7 @@ class LloydTrace:
 
     shares: list[float] = field(default_factory=list)
     reseeded: list[int] = field(default_factory=list)
+    initial_centroids: list = field(default_factory=list)  # public: drawn before looking at the data
 
 
 def noisy_update(counts: np.ndarray, sums: np.ndarray, eps_t: float, noise_rule: str, accountant: Accountant, label: str):
@@ -143,7 +144,7 @@ def run_lloyd(
     """
     n_clusters = params.n_clusters(k)
     centroids = initial_centroids(domain, n_clusters, rng)
-    trace = LloydTrace(shares=iteration_shares(epsilon, params.iterations, params.schedule))
+    trace = LloydTrace(shares=iteration_shares(epsilon, params.iterations, params.schedule), initial_centroids=centroids.tolist())
     noisy_counts = np.zeros(n_clusters)
     for t, eps_t in enumerate(trace.shares, start=1):
         label = f"iteration {t}/{params.iterations}"

@@ -101,6 +101,6 @@ class DPLloyd:
             noisy_weights=noisy_weights, epsilon_spent=accountant.spent_epsilon, delta_spent=accountant.spent_delta,
             charges=accountant.summary(), domain=self.domain, features=self.features, feature_names=feature_names,
             parameters={"k": self.k, **asdict(params)},
-            info={"iteration_shares": trace.shares, "reseeded_per_iteration": trace.reseeded,
+            info={"iteration_shares": trace.shares, "initial_centroids_unit": trace.initial_centroids, "reseeded_per_iteration": trace.reseeded,
                   "randomness": randomness.describe(), "timings": timings},
         )

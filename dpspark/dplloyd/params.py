@@ -54,6 +54,9 @@ def validate_params(section, *, objective: str, k: int, dim: int, privacy) -> DP
             raise ConfigError(f"algorithm.{key}", f"unknown key for algorithm.name=dplloyd; allowed keys: {['name', 'objective', 'k', *KEYS]}")
     if objective != "kmeans":
         raise ConfigError("algorithm.objective", f"{objective!r} is not supported by dplloyd; allowed: ['kmeans'] (use maxcover for kmedian)")
+    if privacy.delta != 0:
+        raise ConfigError("privacy.delta", f"dplloyd is pure epsilon-DP and spends no delta: set privacy.delta to 0, got {privacy.delta:g} "
+                          "(a run's charges must equal its configured budget)")
     variant = section.string("variant", "allocation_nk", choices=tuple(VARIANTS))
     default_schedule, merges = VARIANTS[variant]
     schedule = section.string("schedule", default_schedule, choices=("average", "allocation"))
