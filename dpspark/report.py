@@ -237,8 +237,26 @@ def _draw_centers(ax, centers, weights, names, diagnostics):
         ax.legend(loc="upper right", fontsize=8)
 
 
+def _group_charges(charges, limit=12):
+    """Many small charges (e.g. count and sums of every iteration) are grouped by the
+    first two words of their step label, so the chart stays readable; totals are exact sums."""
+    if len(charges) <= limit:
+        return charges
+    groups = {}
+    for c in charges:
+        key = " ".join(str(c.get("step", "?")).split()[:2])
+        g = groups.setdefault(key, {"step": key, "epsilon": 0.0, "delta": 0.0, "rules": []})
+        g["epsilon"] += float(c.get("epsilon") or 0.0)
+        g["delta"] += float(c.get("delta") or 0.0)
+        if c.get("rule") and c["rule"] not in g["rules"]:
+            g["rules"].append(c["rule"])
+    return [{"step": g["step"], "epsilon": g["epsilon"], "delta": g["delta"], "rule": "; ".join(g["rules"])}
+            for g in groups.values()]
+
+
 def _draw_charges(ax, charges):
     ax.set_title("(b) privacy spent per step (\u03b5; \u03b4 in labels)", fontsize=12, loc="left")
+    charges = _group_charges(charges)
     if not charges:
         ax.text(0.5, 0.5, "no charges recorded", ha="center", va="center", transform=ax.transAxes)
         ax.set_xticks([])

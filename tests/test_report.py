@@ -178,3 +178,14 @@ def test_no_pyplot_state_leaks(tmp_path):
         import matplotlib.pyplot as plt
 
         assert plt.get_fignums() == []
+
+
+def test_many_charges_are_grouped_with_exact_totals():
+    from dpspark.report import _group_charges
+
+    charges = [{"step": f"iteration {t}/12 {part}", "epsilon": 1 / 48, "delta": 0.0, "rule": "discrete Laplace"}
+               for t in range(1, 13) for part in ("counts", "sums")]
+    grouped = _group_charges(charges)
+    assert len(grouped) == 12 and grouped[0]["step"] == "iteration 1/12"
+    assert sum(g["epsilon"] for g in grouped) == pytest.approx(0.5, abs=1e-12)
+    assert _group_charges(charges[:5]) == charges[:5]
