@@ -29,6 +29,7 @@ OBJECTIVES = ("kmeans", "kmedian")
 # family is listed here only once it works end to end.
 FAMILIES: dict[str, str] = {
     "dplloyd": "dpspark.dplloyd.params",
+    "maxcover": "dpspark.maxcover.params",
 }
 
 

@@ -1,0 +1,211 @@
+"""Candidate sets V of the maxcover family, in the unit space of the domain.
+
+- ``table``: a PUBLIC Delta table of candidate points chosen by the user (the
+  paper's discrete setting). Public, so it is collected to the driver; its rows
+  are clipped into the domain like the data.
+- ``grid`` / ``random``: data-independent (``core.grid_candidates``,
+  ``core.random_candidates`` / ``Domain.sample_unit`` for a ball).
+- ``private``: a DP candidate generator in the spirit of the paper's section 5
+  (see :func:`private_candidates`): noisy heavy cells of randomly shifted grids at
+  several scales, candidates at the noisy means of the heavy cells.
+
+Privacy of the private generator
+--------------------------------
+Theorem used (stability-based histogram; Korolova, Kenthapadi, Mishra, Ntoulas,
+WWW 2009; Bun, Nissim, Stemmer, PODS 2016, Thm. 3.5 there; Vadhan, "The
+Complexity of Differential Privacy", 2017, Prop. 3.5), in its add/remove form
+with discrete Laplace noise and extra per-bin releases:
+
+    Let every record fall into exactly one bin of a (possibly infinite) public
+    set of bins, c_b the exact count of bin b and f_b the exact sum over the
+    records of bin b of a vector g(record) with ||g||_1 <= S. Release, for every
+    NON-EMPTY bin b independently, c~_b = c_b + Z_b with Z_b ~ DLap(1/eps_c)
+    (P(z) ~ exp(-eps_c |z|)), and if c~_b >= T also f_b + W_b with W_b a vector
+    of DLap(S/eps_s) in fixed-point steps; release nothing about the other bins.
+    If P[1 + Z >= T] = exp(-eps_c (T - 1)) / (1 + exp(-eps_c)) <= delta, this is
+    (eps_c + eps_s, delta)-DP under add/remove of one record.
+
+Proof: let D' = D + {x} and b the bin of x; every other bin has the same count
+and sums in D and D' and independent noise. If c_b(D) >= 1, the pair (c~_b,
+f~_b) is (eps_c + eps_s)-DP (two Laplace mechanisms of sensitivity 1 and S) and
+the test c~_b >= T is post-processing. If c_b(D) = 0, bin b is never reported
+on D and is reported on D' with probability P[1 + Z >= T] <= delta; outside that
+event both outputs have the same distribution, which gives (0, delta) in both
+directions. Empty bins are never listed, so no threshold-passing release can
+reveal one.
+
+Here one scale is one histogram: the cells of a grid of side s (randomly shifted
+by a PUBLIC uniform offset), g(x) = fixed-point offset of x from its cell center
+clipped to [-s/2, s/2]^d, so S = d * floor(s/2 * 2^20) fixed-point steps.
+Each scale is charged (eps_level, delta_level) through ``Accountant.block`` with
+this rule; the scales compose by basic composition: eps_level = eps_cand / L,
+delta_level = delta_cand / L for L scales (the last scale takes the rounding
+remainder so the charges add up to exactly (eps_cand, delta_cand)). Inside one
+scale eps_c = COUNT_SHARE * eps_level and eps_s = the rest.
+
+Everything after the noisy releases (the threshold test, noisy means clipped to
+their cell and the domain, the ranking by noisy count, the cap at
+``candidate_count``, padding with public random points when fewer than k cells
+pass) is post-processing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+from dpspark import tables
+from dpspark.errors import SchemaError
+from dpspark.maxcover import core, passes
+from dpspark.privacy.accountant import Accountant
+from dpspark.privacy.domain import Domain
+from dpspark.privacy.fixedpoint import SCALE
+from dpspark.privacy.mechanisms import LaplaceMechanism
+
+log = logging.getLogger("dpspark")
+
+COUNT_SHARE = 0.75  # of each scale's epsilon: the noisy counts (and the threshold); the rest for the offset sums
+PRIVATE_LABEL = "maxcover private candidates"
+STABILITY_RULE = (
+    "stability-based histogram (Korolova et al. 2009; Bun, Nissim, Stemmer 2016 Thm 3.5; Vadhan 2017 Prop 3.5), "
+    "add/remove, discrete Laplace: non-empty cells only, noisy count c+DLap(1/eps_c) released iff >= T with "
+    "exp(-eps_c (T-1))/(1+exp(-eps_c)) <= delta_level, plus DLap noise of scale S/eps_s on the clipped "
+    "offset sums of released cells (L1 sensitivity S = d * side/2): (eps_c + eps_s, delta_level)-DP per scale; "
+    "scales by basic composition"
+)
+
+
+# ----------------------------------------------------------------------------
+# Public candidates
+
+
+def clip_original(domain: Domain, x: np.ndarray) -> np.ndarray:
+    """Clip points into the domain in ORIGINAL units (a row already inside is returned unchanged)."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1, domain.dim)
+    if domain.is_ball:
+        norms = np.linalg.norm(x, axis=1, keepdims=True) / domain.radius
+        return np.where(norms > 1.0, x / np.maximum(norms, 1.0), x)
+    return np.clip(x, np.asarray(domain.lower), np.asarray(domain.upper))
+
+
+def table_candidates(spark, path: str, features: tuple[str, ...], domain: Domain):
+    """Read the PUBLIC candidate table; return (unit-space candidates, the same rows clipped in original units).
+
+    Rows with a missing or non-finite feature are skipped; duplicate rows are kept
+    once (first occurrence order).
+    """
+    qualified = tables.qualify(path)
+    try:
+        df, _ = tables.load_table(spark, qualified, "delta")
+        exprs, _ = tables._feature_expressions(df, tuple(features), domain.dim)
+    except SchemaError as exc:
+        raise SchemaError(f"candidate table (algorithm.candidate_table={path!r}): {exc}") from None
+    pdf = df.select(*[e.alias(f"__f{j}") for j, e in enumerate(exprs)]).toPandas()
+    x = pdf.to_numpy(dtype=np.float64).reshape(-1, domain.dim)
+    x = x[np.all(np.isfinite(x), axis=1)]
+    if not x.shape[0]:
+        raise SchemaError(f"candidate table algorithm.candidate_table={path!r} has no rows with finite features {list(features)}")
+    original = clip_original(domain, x)
+    unit = domain.clip_to_unit(original)
+    _, first = np.unique(unit, axis=0, return_index=True)
+    keep = np.sort(first)
+    return unit[keep], original[keep]
+
+
+def public_candidates(mode: str, domain: Domain, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Data-independent candidates in the unit space: ``grid`` (regular, centred cells) or ``random`` (uniform)."""
+    if mode == "grid":
+        grid = core.grid_candidates(domain.dim, count)
+        if domain.is_ball:
+            grid = np.unique(domain.clip_unit(grid), axis=0)
+        return grid
+    if mode == "random":
+        return core.random_candidates(domain.dim, count, rng) if not domain.is_ball else domain.sample_unit(rng, count)
+    raise ValueError(f"unknown public candidate mode {mode!r}")
+
+
+# ----------------------------------------------------------------------------
+# Private candidates
+
+
+def stability_threshold(eps_count: float, delta: float) -> int:
+    """Smallest integer T >= 2 with P[1 + Z >= T] = exp(-eps (T-1)) / (1 + exp(-eps)) <= delta, Z ~ DLap(1/eps)."""
+    if not (eps_count > 0) or not (0 < delta < 1):
+        raise ValueError(f"need eps > 0 and delta in (0, 1), got {eps_count!r}, {delta!r}")
+    q = math.exp(-eps_count)
+    m = max(1, math.ceil(math.log(1.0 / (delta * (1.0 + q))) / eps_count))
+    while m > 1 and math.exp(-eps_count * (m - 1)) / (1.0 + q) <= delta:
+        m -= 1
+    while math.exp(-eps_count * m) / (1.0 + q) > delta:
+        m += 1
+    return 1 + m
+
+
+def scale_sides(scales: int) -> list[float]:
+    """Cell sides 1, 1/2, 1/4, ... in the unit space (width 2): halving from the unit-domain width."""
+    return [2.0 / 2.0 ** (level + 1) for level in range(scales)]
+
+
+def split_evenly(total: float, parts: int) -> list[float]:
+    """``parts`` shares of ``total`` that add up to it (the last takes the rounding remainder)."""
+    shares = [total / parts] * (parts - 1)
+    shares.append(total - math.fsum(shares))
+    return shares
+
+
+def private_candidates(df, columns: list[str], domain: Domain, count: int, scales: int, k: int,
+                       eps_cand: float, delta_cand: float, accountant: Accountant, rng: np.random.Generator,
+                       counter=None, timings=None):
+    """The DP candidate generator: one Spark pass, L charged stability histograms. Returns (candidates, info)."""
+    dim = domain.dim
+    sides = scale_sides(scales)
+    shifts = [rng.uniform(0.0, side, size=dim) for side in sides]  # PUBLIC randomness
+    cells = passes.cell_aggregates(df, columns, sides, shifts, counter=counter, timings=timings)
+    eps_levels = split_evenly(eps_cand, scales)
+    delta_levels = split_evenly(delta_cand, scales)
+    per_level: list[tuple[np.ndarray, np.ndarray]] = []  # (candidate points, noisy counts), heaviest first
+    info = []
+    for level, (side, shift, (g, n, s)) in enumerate(zip(sides, shifts, cells)):
+        eps_l, delta_l = eps_levels[level], delta_levels[level]
+        eps_c = eps_l * COUNT_SHARE
+        eps_s = eps_l - eps_c
+        threshold = stability_threshold(eps_c, delta_l)
+        lim = passes.offset_limit(side)
+        block = accountant.block(f"{PRIVATE_LABEL}: scale {level + 1}/{scales} (cell side {side:g})", eps_l, delta_l, STABILITY_RULE)
+        noisy_n = block.laplace(n, LaplaceMechanism(epsilon=eps_c, sensitivity=1.0)) if n.size else np.zeros(0, dtype=np.int64)
+        keep = np.flatnonzero(noisy_n >= threshold)
+        if keep.size:
+            sum_mech = LaplaceMechanism(epsilon=eps_s, sensitivity=dim * lim / SCALE, unit=1.0 / SCALE)
+            noisy_s = block.laplace(s[keep], sum_mech)
+            centers = passes.cell_centers(g[keep], side, shift)
+            nn = noisy_n[keep].astype(np.float64)
+            offset = np.clip(noisy_s.astype(np.float64) / SCALE / nn[:, None], -side / 2.0, side / 2.0)
+            points = domain.clip_unit(centers + offset)
+            order = np.argsort(-noisy_n[keep], kind="stable")
+            per_level.append((points[order], noisy_n[keep][order]))
+        else:
+            per_level.append((np.zeros((0, dim)), np.zeros(0, dtype=np.int64)))
+        info.append({"scale": level + 1, "side": side, "threshold": int(threshold), "epsilon": eps_l, "delta": delta_l,
+                     "released_cells": int(keep.size)})
+    # Post-processing: interleave the scales (finest first), heaviest cells first within a scale, cap at count.
+    chosen = []
+    depth = max((pts.shape[0] for pts, _ in per_level), default=0)
+    for r in range(depth):
+        for pts, _ in reversed(per_level):
+            if r < pts.shape[0]:
+                chosen.append(pts[r])
+        if len(chosen) >= count:
+            break
+    cand = np.array(chosen[:count], dtype=np.float64).reshape(-1, dim)
+    if cand.shape[0]:
+        _, first = np.unique(cand, axis=0, return_index=True)
+        cand = cand[np.sort(first)]
+    padded = 0
+    if cand.shape[0] < k:
+        padded = k - cand.shape[0]
+        log.warning("maxcover: the private candidate generator released %d cells (< k=%d); adding %d public random points",
+                    cand.shape[0], k, padded)
+        cand = np.vstack([cand, domain.sample_unit(rng, padded)])
+    return cand, {"scales": info, "padded_public_points": padded}

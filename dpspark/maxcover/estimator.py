@@ -1,0 +1,244 @@
+"""``MaxCover``: the estimator of the maxcover family (Algorithm 2 of ``papers/maxcover-dp-clustering.txt``).
+
+    model = MaxCover(k=5, epsilon=1.0, delta=1e-6, domain=Domain(dim=2, lower=(0, 0), upper=(1, 1)),
+                     features=("x", "y"), objective="kmedian", candidates="grid").fit(df)
+    model.centers, model.epsilon_spent, model.delta_spent
+
+A run, all distances in the unit space of the domain (Delta = ``domain.unit_diameter``):
+
+1. candidates V: public (table / grid / random) or the DP generator (one Spark
+   pass, charged (eps_cand, delta_cand));
+2. the coverage loop (``core.run_coverage``): thresholds t_i = (1+a)^(i-1)
+   Delta^p / N (N = ``n_upper`` or |V|), one Spark pass per threshold returning
+   the uncovered points' cover-signature histogram, all m picks exactly on the
+   driver; charged (eps_cov, delta_cov) once under the paper's Lemma 4.1;
+3. one Spark pass snapping every point to its nearest chosen candidate; the
+   counts are released with discrete Laplace(1/eps_cnt), charged (eps_cnt, 0);
+4. post-processing: the driver solver (``solver``) on the chosen candidates
+   weighted by max(noisy count, 0).
+
+Passes over the data: r + 1 (+ 1 for private candidates), more only when a
+threshold falls back to per-pick passes (logged; ``info["fallback_thresholds"]``).
+``info["spark_passes"]``, the timings and the fallback list are operational
+metadata: like the wall time they depend on the data and are not DP outputs.
+
+Budget: epsilon = eps_cand + eps_cov + eps_cnt (fractions from the config), delta =
+delta_cand + delta_cov (private candidates: ``delta_candidates`` of delta, default
+half; public candidates: all of delta to the coverage loop).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import numpy as np
+
+from dpspark import solvers, tables
+from dpspark.maxcover import candidates as cand_mod
+from dpspark.maxcover import core
+from dpspark.maxcover.params import CANDIDATE_MODES, SOLVERS, MaxCoverParams, budget_split, default_solver
+from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
+from dpspark.model import ClusteringModel
+from dpspark.privacy.accountant import Accountant
+from dpspark.privacy.domain import Domain
+from dpspark.privacy.randomness import Randomness
+from dpspark.progress import log, step
+
+POWER = {"kmedian": 1, "kmeans": 2}
+
+
+class MaxCover:
+    name = "maxcover"
+
+    def __init__(self, k: int, epsilon: float, delta: float, domain: Domain, features=("x", "y"),
+                 objective: str = "kmedian", candidates: str = "private", candidate_table: str | None = None,
+                 candidate_count: int = 1000, candidate_scales: int = 5, coverage_approx: float = 0.5,
+                 eps_candidates: float | None = None, eps_coverage: float | None = None, eps_counts: float | None = None,
+                 delta_candidates: float = 0.5, n_upper: int | None = None, solver: str | None = None,
+                 max_signatures: int = 2_000_000, privacy_unit: str | None = None, seed: int | None = None,
+                 randomness: Randomness | None = None):
+        self.k = k
+        self.epsilon = epsilon
+        self.delta = delta
+        self.domain = domain
+        self.features = tuple(features)
+        self.objective = objective
+        self.candidates = candidates
+        self.candidate_table = candidate_table
+        self.candidate_count = candidate_count
+        self.candidate_scales = candidate_scales
+        self.coverage_approx = coverage_approx
+        self.eps_candidates = eps_candidates
+        self.eps_coverage = eps_coverage
+        self.eps_counts = eps_counts
+        self.delta_candidates = delta_candidates
+        self.n_upper = n_upper
+        self.solver = solver
+        self.max_signatures = max_signatures
+        self.privacy_unit = privacy_unit
+        self.seed = seed
+        self.randomness = randomness
+
+    @classmethod
+    def from_config(cls, config, randomness: Randomness | None = None) -> "MaxCover":
+        p: MaxCoverParams = config.algorithm.params
+        return cls(k=config.algorithm.k, epsilon=config.privacy.epsilon, delta=config.privacy.delta,
+                   domain=Domain.from_config(config.domain), features=config.input.features,
+                   objective=config.algorithm.objective, candidates=p.candidates, candidate_table=p.candidate_table,
+                   candidate_count=p.candidate_count, candidate_scales=p.candidate_scales,
+                   coverage_approx=p.coverage_approx, eps_candidates=p.eps_candidates, eps_coverage=p.eps_coverage,
+                   eps_counts=p.eps_counts, delta_candidates=p.delta_candidates, n_upper=p.n_upper, solver=p.solver,
+                   max_signatures=p.max_signatures, privacy_unit=config.input.privacy_unit, seed=config.seed,
+                   randomness=randomness)
+
+    # -- validation (one place) ------------------------------------------------
+
+    def _validated_params(self) -> MaxCoverParams:
+        def is_int(v, low):
+            return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v >= low
+
+        def is_frac(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+
+        if not is_int(self.k, 1):
+            raise ValueError(f"k={self.k!r} should be an integer >= 1")
+        if not isinstance(self.epsilon, (int, float)) or not (self.epsilon > 0) or math.isinf(self.epsilon):
+            raise ValueError(f"epsilon={self.epsilon!r} should be a finite number > 0")
+        if not isinstance(self.delta, (int, float)) or not (0 < self.delta < 1):
+            raise ValueError(f"delta={self.delta!r} should be in (0, 1): maxcover is (epsilon, delta)-DP")
+        if self.objective not in POWER:
+            raise ValueError(f"objective={self.objective!r} should be one of {list(POWER)}")
+        if self.candidates not in CANDIDATE_MODES:
+            raise ValueError(f"candidates={self.candidates!r} should be one of {list(CANDIDATE_MODES)}")
+        if self.candidates == "table" and not self.candidate_table:
+            raise ValueError("candidates='table' needs candidate_table (path of a public Delta table)")
+        if not is_int(self.candidate_count, 1) or not is_int(self.candidate_scales, 1) or not is_int(self.max_signatures, 1):
+            raise ValueError("candidate_count, candidate_scales and max_signatures should be integers >= 1")
+        if self.candidates != "table" and self.candidate_count < self.k:
+            raise ValueError(f"candidate_count={self.candidate_count} should be >= k={self.k}")
+        if not isinstance(self.coverage_approx, (int, float)) or not (0 < self.coverage_approx < 1):
+            raise ValueError(f"coverage_approx={self.coverage_approx!r} should be in (0, 1)")
+        if self.n_upper is not None and not is_int(self.n_upper, 1):
+            raise ValueError(f"n_upper={self.n_upper!r} should be an integer >= 1 or None")
+        private = self.candidates == "private"
+        default = (0.2, 0.4, 0.4) if private else (0.0, 0.5, 0.5)
+        given = (self.eps_candidates, self.eps_coverage, self.eps_counts)
+        split = tuple(default[i] if v is None else v for i, v in enumerate(given))
+        if not private and self.eps_candidates is None:
+            split = (0.0, split[1], split[2])
+        if not all(is_frac(v) for v in split) or abs(math.fsum(split) - 1.0) > 1e-9:
+            raise ValueError(f"eps_candidates/eps_coverage/eps_counts={split} should be fractions in [0, 1] summing to 1")
+        if not private and split[0] != 0.0:
+            raise ValueError("public candidates spend no budget: eps_candidates should be 0")
+        if (private and split[0] <= 0) or split[1] <= 0 or split[2] <= 0:
+            raise ValueError(f"every step needs a positive share of epsilon, got {split}")
+        if private and not (isinstance(self.delta_candidates, (int, float)) and 0 < self.delta_candidates < 1):
+            raise ValueError(f"delta_candidates={self.delta_candidates!r} should be in (0, 1)")
+        solver = self.solver or default_solver(self.objective, self.candidates)
+        if solver not in SOLVERS[self.objective]:
+            raise ValueError(f"solver={solver!r} should be one of {list(SOLVERS[self.objective])} for objective {self.objective!r}")
+        if len(self.features) not in (1, self.domain.dim):
+            raise ValueError(f"features={list(self.features)} should name {self.domain.dim} columns or one array column")
+        params = MaxCoverParams(
+            candidates=self.candidates, candidate_table=self.candidate_table, candidate_count=int(self.candidate_count),
+            candidate_scales=int(self.candidate_scales), coverage_approx=float(self.coverage_approx),
+            eps_candidates=float(split[0]), eps_coverage=float(split[1]), eps_counts=float(split[2]),
+            delta_candidates=float(self.delta_candidates) if private else 0.0,
+            n_upper=None if self.n_upper is None else int(self.n_upper), solver=solver,
+            max_signatures=int(self.max_signatures),
+        )
+        eps_cov, delta_cov = budget_split(self.epsilon, self.delta, params)["coverage"]
+        core.coverage_epsilon(eps_cov, delta_cov)  # validates
+        if eps_cov / (2.0 * (1.0 - math.log(delta_cov))) > 1.0:
+            raise ValueError("the coverage loop's per-pick weight eps_cov / (2 ln(e/delta_cov)) exceeds 1: lower epsilon or eps_coverage")
+        return params
+
+    def privacy_plan(self) -> tuple[float, float]:
+        """(epsilon, delta) that ``fit`` will spend: public, known before any data is read."""
+        self._validated_params()
+        return float(self.epsilon), float(self.delta)
+
+    # -- fitting -------------------------------------------------------------------
+
+    def _candidates(self, spark, cached, columns, params, budget, accountant, randomness, counter, timings):
+        """(unit-space candidates, original-unit rows for table candidates or None, info)."""
+        rng = randomness.public_rng("maxcover.candidates")
+        if params.candidates == "table":
+            with step("maxcover: read the public candidate table", timings):
+                unit, original = cand_mod.table_candidates(spark, params.candidate_table, self.features, self.domain)
+            return unit, original, {}
+        if params.candidates in ("grid", "random"):
+            return cand_mod.public_candidates(params.candidates, self.domain, params.candidate_count, rng), None, {}
+        eps_cand, delta_cand = budget["candidates"]
+        unit, info = cand_mod.private_candidates(
+            cached, columns, self.domain, params.candidate_count, params.candidate_scales, self.k,
+            eps_cand, delta_cand, accountant, rng, counter=counter, timings=timings,
+        )
+        return unit, None, info
+
+    def _solve(self, params, chosen_unit, weights, cand_unit, cand_original, rng):
+        """Post-processing: k centers (unit space, or original units for table candidates) and their weights."""
+        if self.objective == "kmeans":
+            centers, w = solvers.weighted_kmeans(chosen_unit, weights, self.k, rng)
+            return self.domain.from_unit(self.domain.clip_unit(centers)), w
+        if params.solver == "weiszfeld":
+            centers, w = solvers.weighted_kmedian(chosen_unit, weights, self.k, rng)
+            return self.domain.from_unit(self.domain.clip_unit(centers)), w
+        centers, w = solvers.weighted_kmedian(chosen_unit, weights, self.k, rng, candidates=cand_unit)
+        if cand_original is None:
+            return self.domain.from_unit(self.domain.clip_unit(centers)), w
+        # Discrete setting: report the candidate table's rows themselves (no unit-space round trip).
+        index = {row.tobytes(): i for i, row in reversed(list(enumerate(np.ascontiguousarray(cand_unit))))}
+        rows = [index[np.ascontiguousarray(c, dtype=np.float64).tobytes()] for c in centers]
+        return cand_original[rows].copy(), w
+
+    def fit(self, df, timings: dict | None = None) -> ClusteringModel:
+        params = self._validated_params()
+        epsilon, delta = self.privacy_plan()
+        budget = budget_split(epsilon, delta, params)
+        randomness = self.randomness or Randomness(self.seed)
+        accountant = Accountant(epsilon, delta, randomness.noise)
+        timings = {} if timings is None else timings
+        counter = PassCounter()
+        p = POWER[self.objective]
+        unit_df, feature_names = tables.prepare_points(df, self.features, self.privacy_unit, self.domain, randomness.run_key)
+        columns = tables.unit_columns(self.domain.dim)
+        cached = unit_df.persist()
+        try:
+            cand_unit, cand_original, cand_info = self._candidates(
+                df.sparkSession, cached, columns, params, budget, accountant, randomness, counter, timings)
+            n_cand = cand_unit.shape[0]
+            ts = core.thresholds(self.domain.unit_diameter, p, n_cand, params.coverage_approx, params.n_upper)
+            m = core.picks_per_threshold(self.k, params.coverage_approx)
+            log.info("maxcover: %d candidates, %d thresholds, %d picks per threshold", n_cand, ts.size, min(m, n_cand))
+            provider = SparkCoverage(cached, columns, cand_unit, ts, p, params.max_signatures, counter, timings)
+            eps_cov, delta_cov = budget["coverage"]
+            picks = core.run_coverage(provider, n_cand, ts, m, accountant, eps_cov, delta_cov)
+            chosen = core.chosen_candidate_ids(picks)
+            chosen_unit = cand_unit[chosen]
+            exact = snap_counts(cached, columns, chosen_unit, counter, timings)
+        finally:
+            cached.unpersist()
+        noisy = core.noisy_weights(exact, accountant, budget["counts"][0])
+        with step("maxcover: solve the weighted instance (post-processing)", timings):
+            weights = np.maximum(noisy, 0).astype(np.float64)
+            centers, center_weights = self._solve(params, chosen_unit, weights, cand_unit, cand_original,
+                                                  randomness.public_rng("maxcover.solver"))
+        accountant.finish()
+        return ClusteringModel(
+            algorithm=self.name, objective=self.objective, centers=np.asarray(centers, dtype=np.float64),
+            noisy_weights=np.asarray(center_weights, dtype=np.float64), epsilon_spent=accountant.spent_epsilon,
+            delta_spent=accountant.spent_delta, charges=accountant.summary(), domain=self.domain,
+            features=self.features, feature_names=feature_names,
+            parameters={"k": self.k, "objective": self.objective, **asdict(params)},
+            info={
+                "candidates": params.candidates, "candidate_count": int(n_cand), "thresholds": int(ts.size),
+                "picks_per_threshold": int(min(m, n_cand)), "picks": len(picks), "chosen_centers": len(chosen),
+                "spark_passes": counter.passes, "passes_by_kind": dict(counter.by_kind),
+                "fallback_thresholds": [i + 1 for i in provider.fallback_thresholds],
+                "histogram_sizes": list(provider.histogram_sizes), "private_candidates": cand_info,
+                "budget": {k: list(v) for k, v in budget.items()},
+                "randomness": randomness.describe(), "timings": timings,
+            },
+        )

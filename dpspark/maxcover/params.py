@@ -1,0 +1,208 @@
+"""Config keys of the maxcover family (``algorithm.*``), validated before Spark starts.
+
+=====================  =========================================================  =================
+key                    meaning                                                    default
+=====================  =========================================================  =================
+``candidates``         ``table`` | ``grid`` | ``random`` | ``private``            ``private``
+``candidate_table``    path of a PUBLIC Delta table of candidate points (its      (required for
+                       feature columns have the names of ``input.features``)      ``table``)
+``candidate_count``    grid / random: about this many candidates; private: at     1000
+                       most this many (highest noisy counts kept)
+``candidate_scales``   private: number of grid scales (side 1, 1/2, 1/4, ... in   5
+                       the unit space [-1, 1]^d)
+``coverage_approx``    a of the thresholds t_i = (1+a)^(i-1) Delta^p / N, (0, 1)  0.5
+``eps_split``          fractions of privacy.epsilon: a mapping                    see below
+                       {candidates, coverage, counts} or a list
+                       [candidates, coverage, counts] ([coverage, counts] for
+                       public candidates)
+``eps_candidates``     the same, one key each (instead of ``eps_split``)
+``eps_coverage``
+``eps_counts``
+``delta_candidates``   private: fraction of privacy.delta for the candidate       0.5
+                       generator; the coverage loop gets the rest (public
+                       candidates: the coverage loop gets all of delta)
+``n_upper``            PUBLIC upper bound N on the number of private points, for  null (= abs(V))
+                       the first threshold (never the data's n)
+``solver``             kmeans: ``weighted_kmeans``; kmedian: ``local_search``     see below
+                       (discrete, centers restricted to the candidate set) or
+                       ``weiszfeld`` (Euclidean)
+``max_signatures``     driver bound on the signature histogram of one threshold;  2000000
+                       above it that threshold runs exact per-pick passes
+=====================  =========================================================  =================
+
+Default epsilon split: private candidates 0.2 / coverage 0.4 / counts 0.4; public
+candidates (table, grid, random) coverage 0.5 / counts 0.5. The fractions must sum
+to 1. Default solver: kmeans ``weighted_kmeans``; kmedian ``local_search`` with
+table candidates, ``weiszfeld`` otherwise.
+
+The family is (eps, delta)-DP with delta > 0 (the coverage loop's theorem, and the
+stability-based candidate generator, need it): privacy.delta = 0 is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from collections.abc import Mapping
+
+from dpspark.errors import ConfigError
+
+CANDIDATE_MODES = ("table", "grid", "random", "private")
+PUBLIC_MODES = ("table", "grid", "random")
+SOLVERS = {"kmeans": ("weighted_kmeans",), "kmedian": ("local_search", "weiszfeld")}
+KEYS = (
+    "candidates", "candidate_table", "candidate_count", "candidate_scales", "coverage_approx",
+    "eps_split", "eps_candidates", "eps_coverage", "eps_counts", "delta_candidates",
+    "n_upper", "solver", "max_signatures",
+)
+DEFAULT_SPLIT_PRIVATE = (0.2, 0.4, 0.4)  # candidates, coverage, counts
+DEFAULT_SPLIT_PUBLIC = (0.0, 0.5, 0.5)
+MAX_GRID_POINTS = 1_000_000
+SPLIT_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class MaxCoverParams:
+    candidates: str = "private"
+    candidate_table: str | None = None
+    candidate_count: int = 1000
+    candidate_scales: int = 5
+    coverage_approx: float = 0.5
+    eps_candidates: float = 0.2  # fractions of privacy.epsilon
+    eps_coverage: float = 0.4
+    eps_counts: float = 0.4
+    delta_candidates: float = 0.5  # fraction of privacy.delta (private candidates only)
+    n_upper: int | None = None
+    solver: str = "weiszfeld"
+    max_signatures: int = 2_000_000
+
+    @property
+    def private_candidates(self) -> bool:
+        return self.candidates == "private"
+
+
+def default_solver(objective: str, candidates: str) -> str:
+    if objective == "kmeans":
+        return "weighted_kmeans"
+    return "local_search" if candidates == "table" else "weiszfeld"
+
+
+def budget_split(epsilon: float, delta: float, params: MaxCoverParams) -> dict:
+    """The run's (epsilon, delta) split into its three steps; the parts add up to (epsilon, delta).
+
+    Returns {"candidates": (eps, delta), "coverage": (eps, delta), "counts": (eps, 0)}.
+    The candidate step is (0, 0) for public candidates. The coverage part is computed
+    as the remainder, so the sum is exact up to one rounding.
+    """
+    eps_cnt = epsilon * params.eps_counts
+    if params.private_candidates:
+        eps_cand = epsilon * params.eps_candidates
+        delta_cand = delta * params.delta_candidates
+    else:
+        eps_cand, delta_cand = 0.0, 0.0
+    eps_cov = epsilon - eps_cand - eps_cnt
+    delta_cov = delta - delta_cand
+    return {"candidates": (eps_cand, delta_cand), "coverage": (eps_cov, delta_cov), "counts": (eps_cnt, 0.0)}
+
+
+def _fraction(section, key: str) -> float:
+    return section.number(key, low=0.0, high=1.0)
+
+
+def _split_from_config(section, private: bool) -> tuple[float, float, float]:
+    explicit = [k for k in ("eps_candidates", "eps_coverage", "eps_counts") if section.has(k)]
+    if section.has("eps_split") and explicit:
+        raise ConfigError(f"algorithm.{explicit[0]}", "give either algorithm.eps_split or the eps_candidates/eps_coverage/eps_counts fractions, not both")
+    needed = ("eps_candidates", "eps_coverage", "eps_counts") if private else ("eps_coverage", "eps_counts")
+    if section.has("eps_split"):
+        raw = section.raw("eps_split")
+        key = "algorithm.eps_split"
+        if isinstance(raw, Mapping):
+            allowed = ("candidates", "coverage", "counts") if private else ("coverage", "counts")
+            unknown = sorted(set(map(str, raw)) - set(allowed))
+            if unknown:
+                raise ConfigError(f"{key}.{unknown[0]}", f"unknown key; allowed keys: {list(allowed)}")
+            missing = [a for a in allowed if raw.get(a) is None]
+            if missing:
+                raise ConfigError(f"{key}.{missing[0]}", f"is required: give all of {list(allowed)} (fractions of privacy.epsilon summing to 1)")
+            values = [raw[a] for a in allowed]
+        elif isinstance(raw, (list, tuple)):
+            want = 3 if private else 2
+            if len(raw) != want:
+                what = "[candidates, coverage, counts]" if private else "[coverage, counts] (public candidates spend nothing)"
+                raise ConfigError(key, f"must list {want} fractions {what}, got {list(raw)!r}")
+            values = list(raw)
+        else:
+            raise ConfigError(key, f"must be a mapping {{candidates, coverage, counts}} or a list of fractions, got {raw!r}")
+        from dpspark.config import check_number
+
+        names = ("candidates", "coverage", "counts") if private else ("coverage", "counts")
+        fr = [check_number(f"{key}.{n}", v, low=0.0, high=1.0) for n, v in zip(names, values)]
+        split = (fr[0], fr[1], fr[2]) if private else (0.0, fr[0], fr[1])
+    elif explicit:
+        if not private and section.has("eps_candidates") and section.number("eps_candidates", low=0.0, high=1.0) != 0.0:
+            raise ConfigError("algorithm.eps_candidates", "public candidates (table, grid, random) spend no budget: leave eps_candidates unset or 0")
+        missing = [k for k in needed if not section.has(k)]
+        if missing:
+            raise ConfigError(f"algorithm.{missing[0]}", f"is required when any of {list(needed)} is given (fractions of privacy.epsilon summing to 1)")
+        split = (_fraction(section, "eps_candidates") if private else 0.0, _fraction(section, "eps_coverage"), _fraction(section, "eps_counts"))
+    else:
+        split = DEFAULT_SPLIT_PRIVATE if private else DEFAULT_SPLIT_PUBLIC
+    where = "algorithm.eps_split" if section.has("eps_split") else f"algorithm.{needed[0]}"
+    total = math.fsum(split)
+    if abs(total - 1.0) > SPLIT_TOL:
+        raise ConfigError(where, f"the epsilon fractions {dict(zip(('candidates', 'coverage', 'counts'), split))} must sum to 1, got {total:.12g}")
+    for name, v in zip(("candidates", "coverage", "counts"), split):
+        if (private or name != "candidates") and not v > 0:
+            raise ConfigError(where, f"the {name} fraction must be > 0, got {v:g}")
+    return split
+
+
+def validate_params(section, *, objective: str, k: int, dim: int, privacy) -> MaxCoverParams:
+    for key in section.data:
+        if key not in KEYS:
+            raise ConfigError(f"algorithm.{key}", f"unknown key for algorithm.name=maxcover; allowed keys: {['name', 'objective', 'k', *KEYS]}")
+    if objective not in SOLVERS:
+        raise ConfigError("algorithm.objective", f"{objective!r} is not supported by maxcover; allowed: {list(SOLVERS)}")
+    if not (privacy.delta > 0):
+        raise ConfigError("privacy.delta", "maxcover is (epsilon, delta)-DP and needs privacy.delta > 0 (e.g. 1e-6); got 0")
+    candidates = section.string("candidates", "private", choices=CANDIDATE_MODES)
+    table = section.string("candidate_table")
+    if candidates == "table" and table is None:
+        raise ConfigError("algorithm.candidate_table", "is required with algorithm.candidates=table (path of a PUBLIC Delta table of candidate points)")
+    if candidates != "table" and table is not None:
+        raise ConfigError("algorithm.candidate_table", f"is only used with algorithm.candidates=table, not {candidates!r}")
+    count = section.integer("candidate_count", 1000, low=1, high=10_000_000)
+    if candidates in ("grid", "random", "private") and count < k:
+        raise ConfigError("algorithm.candidate_count", f"must be >= k={k}, got {count}")
+    if candidates == "grid":
+        q = max(2, int(math.floor(count ** (1.0 / dim) + 1e-9)))
+        if q**dim > MAX_GRID_POINTS:
+            raise ConfigError("algorithm.candidates", f"a grid in dimension {dim} has at least 2^{dim} = {q**dim} points (over {MAX_GRID_POINTS}); use random or private")
+    scales = section.integer("candidate_scales", 5, low=1, high=20)
+    if candidates != "private" and section.has("candidate_scales"):
+        raise ConfigError("algorithm.candidate_scales", "is only used with algorithm.candidates=private")
+    a = section.number("coverage_approx", 0.5, low=0.0, high=1.0, low_open=True, high_open=True)
+    private = candidates == "private"
+    eps_cand, eps_cov, eps_cnt = _split_from_config(section, private)
+    delta_cand = section.number("delta_candidates", 0.5, low=0.0, high=1.0, low_open=True, high_open=True)
+    if not private and section.has("delta_candidates"):
+        raise ConfigError("algorithm.delta_candidates", "is only used with algorithm.candidates=private")
+    if not private:
+        delta_cand = 0.0
+    delta_cov = privacy.delta * (1.0 - delta_cand)
+    eps_prime = privacy.epsilon * eps_cov / (2.0 * (1.0 - math.log(delta_cov)))
+    if eps_prime > 1.0:
+        raise ConfigError(
+            "algorithm.eps_coverage",
+            f"the coverage loop's per-pick weight eps' = eps_cov / (2 ln(e/delta_cov)) = {eps_prime:.4g} exceeds 1 "
+            "(its privacy theorem needs eps' <= 1): lower privacy.epsilon or the coverage fraction",
+        )
+    n_upper = section.integer("n_upper", None, low=1, high=10**15)
+    solver = section.string("solver", default_solver(objective, candidates), choices=SOLVERS[objective])
+    max_signatures = section.integer("max_signatures", 2_000_000, low=1, high=10**9)
+    return MaxCoverParams(
+        candidates=candidates, candidate_table=table, candidate_count=count, candidate_scales=scales,
+        coverage_approx=a, eps_candidates=eps_cand, eps_coverage=eps_cov, eps_counts=eps_cnt,
+        delta_candidates=delta_cand, n_upper=n_upper, solver=solver, max_signatures=max_signatures,
+    )

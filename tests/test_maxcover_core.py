@@ -1,0 +1,470 @@
+"""Tests of the driver-side maxcover core (no Spark).
+
+Every random input comes from a seeded numpy Generator and all noise from
+SeededNoise / NoNoise (testing aids, NOT private), so each run is reproducible;
+the statistical tests state the confidence at which they would fail by chance.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy import stats
+
+from dpspark.errors import PrivacyAccountingError
+from dpspark.maxcover.core import (
+    COVERAGE_LABEL,
+    SNAP_LABEL,
+    NumpySignatureProvider,
+    chosen_candidate_ids,
+    cost_matrix,
+    cover_bruteforce,
+    cover_from_signatures,
+    coverage_epsilon,
+    grid_candidates,
+    noisy_weights,
+    picks_per_threshold,
+    random_candidates,
+    run_coverage,
+    signatures_to_csr,
+    snap_counts,
+    thresholds,
+)
+from dpspark.privacy.accountant import Accountant
+from dpspark.privacy.mechanisms import ExponentialMechanism, NoNoise, SeededNoise
+
+DELTA = 1e-6
+
+
+def make_block(noise, eps=1.0, delta=DELTA):
+    return Accountant(eps, delta, noise).block("test block", eps, delta, "test")
+
+
+def clustered_points(rng, n, dim, n_clusters=4, spread=0.15):
+    centres = rng.uniform(-0.8, 0.8, size=(n_clusters, dim))
+    labels = rng.integers(0, n_clusters, size=n)
+    return np.clip(centres[labels] + rng.normal(0.0, spread, size=(n, dim)), -1.0, 1.0)
+
+
+def random_signature_instance(rng, n_sigs, n_cand, max_len):
+    sigs = []
+    for _ in range(n_sigs):
+        size = int(rng.integers(0, max_len + 1))
+        sigs.append(tuple(sorted(rng.choice(n_cand, size=size, replace=False).tolist())))
+    counts = rng.integers(0, 30, size=n_sigs).astype(np.int64)
+    return sigs, counts
+
+
+def greedy_reference(sigs, counts, n_cand, m):
+    """Plain-Python greedy max coverage; ties to the lowest id; no repeats within the threshold."""
+    alive = {s: 0 for s in range(len(sigs))}
+    for s, c in enumerate(counts):
+        alive[s] = int(c)
+    picked = []
+    for _ in range(min(m, n_cand)):
+        scores = [0] * n_cand
+        for s, sig in enumerate(sigs):
+            for v in sig:
+                scores[v] += alive[s]
+        best = max((sc, -v) for v, sc in enumerate(scores) if v not in picked)
+        v = -best[1]
+        picked.append(v)
+        for s, sig in enumerate(sigs):
+            if v in sig:
+                alive[s] = 0
+    return picked
+
+
+# ----------------------------------------------------------------------------
+# The public schedule
+
+
+@pytest.mark.parametrize(
+    "diameter,p,n_cand,a,n_upper",
+    [(2.0, 1, 100, 0.5, None), (2.0 * math.sqrt(3), 2, 1728, 0.1, None), (2.0, 2, 50, 0.3, 10**6), (5.0, 1, 7, 0.9, None)],
+)
+def test_thresholds_formula(diameter, p, n_cand, a, n_upper):
+    ts = thresholds(diameter, p, n_cand, a, n_upper=n_upper)
+    top = diameter**p
+    n0 = n_cand if n_upper is None else n_upper
+    assert ts[0] == pytest.approx(top / n0, rel=1e-12)
+    np.testing.assert_allclose(ts[1:] / ts[:-1], 1.0 + a, rtol=1e-12)
+    assert ts[-1] >= top
+    assert ts.size == 1 or ts[-2] < top  # r is the smallest count reaching Delta^p
+    assert ts.size == math.ceil(math.log(n0) / math.log(1.0 + a)) + 1
+    assert np.all(np.diff(ts) > 0)
+
+
+def test_thresholds_use_public_bound_and_edge_cases():
+    assert thresholds(2.0, 2, 100, 0.5, n_upper=10**6)[0] == pytest.approx(4.0 / 1e6)
+    np.testing.assert_allclose(thresholds(3.0, 1, 1, 0.5), [3.0])  # N0 = 1: the single threshold Delta^p
+    for bad in [dict(diameter=0.0), dict(p=0), dict(coverage_approx=1.0), dict(coverage_approx=0.0), dict(n_candidates=0), dict(n_upper=0)]:
+        kwargs = dict(diameter=2.0, p=2, n_candidates=10, coverage_approx=0.5) | bad
+        with pytest.raises(ValueError):
+            thresholds(**kwargs)
+
+
+def test_picks_per_threshold_formula():
+    for k in (1, 3, 5, 10, 25):
+        for a in (0.05, 0.1, 0.3, 0.5, 0.9):
+            assert picks_per_threshold(k, a) == math.ceil(2 * k * math.log(1 / a))
+    assert picks_per_threshold(5, 0.1) == 24  # 10 ln 10 = 23.03
+    with pytest.raises(ValueError):
+        picks_per_threshold(0, 0.1)
+    with pytest.raises(ValueError):
+        picks_per_threshold(3, 1.5)
+
+
+def test_coverage_epsilon_formula():
+    for eps in (0.1, 0.5, 2.0):
+        for delta in (1e-3, 1e-6, 1e-9):
+            assert coverage_epsilon(eps, delta) == pytest.approx(eps / (2 * math.log(math.e / delta)), rel=1e-12)
+    with pytest.raises(ValueError):
+        coverage_epsilon(1.0, 0.0)
+    with pytest.raises(ValueError):
+        coverage_epsilon(-1.0, 1e-6)
+
+
+# ----------------------------------------------------------------------------
+# Signature version == brute force, exactly
+
+
+def bruteforce_loop(points, cands, ts, p, m, block, mech):
+    uncovered = np.ones(points.shape[0], dtype=bool)
+    picks, remaining_per_threshold = [], []
+    for i, t in enumerate(ts):
+        remaining_per_threshold.append(int(uncovered.sum()))
+        chosen, uncovered = cover_bruteforce(points, cands, t, p, m, block, mech, uncovered)
+        picks.extend((c, i) for c in chosen)
+    return picks, remaining_per_threshold
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("p", [1, 2])
+def test_run_coverage_matches_bruteforce_exactly(seed, p):
+    rng = np.random.default_rng(1000 + seed)
+    dim = 2
+    points = clustered_points(rng, 120, dim)
+    cands = random_candidates(dim, 25, rng)
+    ts = thresholds(2.0 * math.sqrt(dim), p, 25, 0.5, n_upper=200)
+    m, eps_cov = 4, 20.0  # eps' = 0.67: picks strongly follow the scores, so a wrong count shows
+
+    acc = Accountant(eps_cov, DELTA, SeededNoise(seed))
+    provider = NumpySignatureProvider(points, cands, ts, p, chunk_rows=17)  # odd chunks on purpose
+    seen_remaining = []
+
+    def recording_provider(i, covered):
+        sigs, counts = provider(i, covered)
+        seen_remaining.append(int(counts.sum()))
+        return sigs, counts
+
+    picks = run_coverage(recording_provider, 25, ts, m, acc, eps_cov, DELTA)
+
+    block = make_block(SeededNoise(seed), eps_cov)
+    mech = ExponentialMechanism.with_weight(coverage_epsilon(eps_cov, DELTA))
+    ref_picks, _ = bruteforce_loop(points, cands, ts, p, m, block, mech)
+    assert picks == ref_picks
+    assert len(picks) == ts.size * m
+
+    # The exact uncovered set, threshold by threshold: uncovered points with a non-empty signature.
+    cost = cost_matrix(points, cands, p)
+    uncovered = np.ones(points.shape[0], dtype=bool)
+    for i, t in enumerate(ts):
+        assert seen_remaining[i] == int((uncovered & (cost <= t).any(axis=1)).sum())
+        for c, j in picks:
+            if j == i:
+                uncovered &= cost[:, c] > t
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cover_from_signatures_matches_bruteforce_single_threshold(seed):
+    rng = np.random.default_rng(seed)
+    points = clustered_points(rng, 150, 3)
+    cands = grid_candidates(3, 64)
+    t = 0.6
+    mask = rng.random(150) < 0.8  # some points already covered at earlier thresholds
+    provider_pts = points[mask]
+    sigs, counts = NumpySignatureProvider(provider_pts, cands, [t], 2)(0, [])
+    mech = ExponentialMechanism.with_weight(1.0)
+    a = cover_from_signatures(sigs, counts, 64, 10, make_block(SeededNoise(seed)), mech)
+    b, new_mask = cover_bruteforce(points, cands, t, 2, 10, make_block(SeededNoise(seed)), mech, mask)
+    assert a == b
+    within = cost_matrix(points, cands, 2) <= t
+    assert np.array_equal(new_mask, mask & ~within[:, a].any(axis=1))
+
+
+def stale_cover(sigs, counts, n_cand, m, block, mech):
+    """WRONG on purpose: coverage counts computed once and never updated after a pick."""
+    inc = signatures_to_csr(sigs, n_cand)
+    scores = np.asarray(inc.T @ np.asarray(counts, dtype=np.int64), dtype=np.int64)
+    available = np.ones(n_cand, dtype=bool)
+    picks = []
+    for _ in range(m):
+        idx = np.flatnonzero(available)
+        v = int(idx[block.exponential(scores[idx], mech)])
+        picks.append(v)
+        available[v] = False
+    return picks
+
+
+def test_stale_counts_give_different_picks():
+    # candidate 0 covers 10 points, candidate 1 covers 9 of the same, candidate 2 covers 5 others.
+    sigs = [(0, 1), (0,), (2,)]
+    counts = np.array([9, 1, 5])
+    mech = ExponentialMechanism.with_weight(1.0)
+    exact = cover_from_signatures(sigs, counts, 3, 2, make_block(NoNoise()), mech)
+    stale = stale_cover(sigs, counts, 3, 2, make_block(NoNoise()), mech)
+    assert exact == [0, 2]
+    assert stale == [0, 1]
+    points = np.array([[0.0, 0.0]] * 9 + [[0.5, 0.0]] + [[-0.9, 0.9]] * 5)
+    cands = np.array([[0.3, 0.0], [-0.05, 0.0], [-0.9, 0.9]])
+    brute, _ = cover_bruteforce(points, cands, 0.4, 1, 2, make_block(NoNoise()), mech, np.ones(15, bool))
+    assert brute == exact  # the brute force agrees with the exact version, not the stale one
+
+    # With noise as well: on random instances the stale version departs from the exact one
+    # (so the equality tests above would catch a missing update).
+    differ = 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        s, c = random_signature_instance(rng, 60, 15, 6)
+        a = cover_from_signatures(s, c, 15, 6, make_block(SeededNoise(seed)), mech)
+        b = stale_cover(s, c, 15, 6, make_block(SeededNoise(seed)), mech)
+        differ += a != b
+    assert differ > 0
+
+
+# ----------------------------------------------------------------------------
+# Limits of the mechanism
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_no_noise_is_exact_greedy(seed):
+    rng = np.random.default_rng(seed)
+    n_cand = 12
+    sigs, counts = random_signature_instance(rng, 80, n_cand, 5)
+    m = 15  # more than |V|: capped at |V| picks, each candidate once
+    picks = cover_from_signatures(sigs, counts, n_cand, m, make_block(NoNoise()), ExponentialMechanism.with_weight(0.1))
+    assert picks == greedy_reference(sigs, counts, n_cand, m)
+    assert sorted(picks) == list(range(n_cand))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_huge_weight_picks_the_max_coverage_candidate(seed):
+    # weight 50: a candidate at least 1 below the max is picked with probability
+    # <= (|V| - 1) e^-50 < 1e-19 per pick; over 8 x 10 picks the test fails by chance
+    # with probability < 1e-17 (confidence > 1 - 1e-17). Ties are picked among the maxima.
+    rng = np.random.default_rng(100 + seed)
+    n_cand = 30
+    sigs, counts = random_signature_instance(rng, 200, n_cand, 6)
+    picks = cover_from_signatures(sigs, counts, n_cand, 10, make_block(SeededNoise(seed)), ExponentialMechanism.with_weight(50.0))
+    alive = counts.copy()
+    inc = signatures_to_csr(sigs, n_cand).toarray().astype(bool)
+    available = np.ones(n_cand, bool)
+    for v in picks:
+        scores = inc.T.astype(np.int64) @ alive
+        assert available[v] and scores[v] == scores[available].max()
+        available[v] = False
+        alive[inc[:, v]] = 0
+
+
+def test_tiny_weight_picks_are_uniform():
+    # weight 1e-9 with scores up to ~1000: exp(weight * score) differs from 1 by < 1e-5, so the
+    # first pick is uniform over the 10 candidates. Chi-square goodness of fit, 9 df, 4000 draws:
+    # rejects at p < 0.001, i.e. a correct implementation fails with probability 0.1%
+    # (confidence 99.9%); the draws are seeded, so the outcome is fixed.
+    n_cand, draws = 10, 4000
+    sigs = [(0,), (0, 1), (2, 3, 4), (9,)]
+    counts = np.array([1000, 500, 3, 0])
+    mech = ExponentialMechanism.with_weight(1e-9)
+    block = make_block(SeededNoise(2024))
+    firsts = np.array([cover_from_signatures(sigs, counts, n_cand, 1, block, mech)[0] for _ in range(draws)])
+    observed = np.bincount(firsts, minlength=n_cand)
+    assert stats.chisquare(observed).pvalue > 1e-3
+    assert block.releases == draws
+
+
+# ----------------------------------------------------------------------------
+# Empty input and accounting
+
+
+def test_empty_input_still_yields_m_picks_per_threshold():
+    ts = thresholds(2.0, 2, 40, 0.5)
+    m = 7
+    acc = Accountant(1.0, DELTA, SeededNoise(5))
+    picks = run_coverage(lambda i, covered: ([], []), 40, ts, m, acc, 1.0, DELTA)
+    assert len(picks) == ts.size * m
+    for i in range(ts.size):
+        at_i = [c for c, j in picks if j == i]
+        assert len(at_i) == m and len(set(at_i)) == m  # no repeat within a threshold
+    # all-zero counts, and a provider on no points at all
+    zero = cover_from_signatures([(0, 1), (3,)], np.array([0, 0]), 40, m, make_block(SeededNoise(1)), ExponentialMechanism.with_weight(0.5))
+    assert len(zero) == m and len(set(zero)) == m
+    no_points = NumpySignatureProvider(np.zeros((0, 2)), grid_candidates(2, 40), ts, 2)
+    acc = Accountant(1.0, DELTA, SeededNoise(6))
+    assert len(run_coverage(no_points, 36, ts, m, acc, 1.0, DELTA)) == ts.size * m
+
+
+def test_repeats_allowed_across_thresholds():
+    # One candidate far better than the rest at every threshold: with no noise it is picked
+    # first at every threshold (the paper re-selects centers across thresholds).
+    points = np.zeros((50, 2))
+    cands = np.array([[0.0, 0.0], [0.9, 0.9], [-0.9, 0.9]])
+    ts = [0.01, 0.02, 0.04]
+    provider = NumpySignatureProvider(points, cands, ts, 2)
+    acc = Accountant(1.0, DELTA, NoNoise())
+    picks = run_coverage(provider, 3, ts, 2, acc, 1.0, DELTA)
+    assert [c for c, j in picks if j == 0][0] == 0
+    assert [(c, j) for c, j in picks if c == 0] == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_total_charge_is_eps_cov_plus_eps_cnt():
+    rng = np.random.default_rng(7)
+    points = clustered_points(rng, 300, 2)
+    cands = grid_candidates(2, 100)
+    eps_cov, eps_cnt = 0.6, 0.4
+    acc = Accountant(eps_cov + eps_cnt, DELTA, SeededNoise(7))
+    ts = thresholds(2.0 * math.sqrt(2), 2, len(cands), 0.5, n_upper=1000)
+    m = picks_per_threshold(3, 0.5)
+    picks = run_coverage(NumpySignatureProvider(points, cands, ts, 2), len(cands), ts, m, acc, eps_cov, DELTA)
+    centers = cands[chosen_candidate_ids(picks)]
+    exact = snap_counts(points, centers, 2)
+    assert exact.sum() == 300
+    noisy = noisy_weights(exact, acc, eps_cnt)
+    assert noisy.dtype == np.int64 and noisy.shape == exact.shape
+    assert abs(acc.spent_epsilon - (eps_cov + eps_cnt)) <= 1e-9
+    assert abs(acc.spent_delta - DELTA) <= 1e-9 * DELTA
+    acc.finish()
+    assert [c["step"] for c in acc.summary()] == [COVERAGE_LABEL, SNAP_LABEL]
+    assert acc.charges[0].epsilon == eps_cov and acc.charges[0].delta == DELTA
+    assert "Lemma 4.1" in acc.charges[0].rule
+    assert acc.charges[1].epsilon == pytest.approx(eps_cnt) and acc.charges[1].delta == 0.0
+
+
+def test_run_coverage_validates_before_charging():
+    acc = Accountant(100.0, DELTA, NoNoise())
+    with pytest.raises(ValueError, match="eps'"):
+        run_coverage(lambda i, c: ([], []), 5, [1.0], 2, acc, 60.0, DELTA)  # eps' = 2.03 > 1
+    with pytest.raises(ValueError):
+        run_coverage(lambda i, c: ([], []), 5, [], 2, acc, 1.0, DELTA)
+    assert acc.charges == []
+    small = Accountant(0.5, DELTA, NoNoise())
+    with pytest.raises(PrivacyAccountingError):
+        run_coverage(lambda i, c: pytest.fail("no data may be read after a refused charge"), 5, [1.0], 2, small, 1.0, DELTA)
+
+
+# ----------------------------------------------------------------------------
+# Snapping and noisy counts
+
+
+def test_snap_counts_nearest_center_and_ties():
+    rng = np.random.default_rng(3)
+    points = rng.uniform(-1, 1, size=(500, 3))
+    centers = rng.uniform(-1, 1, size=(7, 3))
+    ref = np.zeros(7, np.int64)
+    for x in points:
+        ref[int(np.argmin([np.sum((x - c) ** 2) for c in centers]))] += 1
+    for p in (1, 2):
+        got = snap_counts(points, centers, p)
+        assert got.dtype == np.int64 and np.array_equal(got, ref)
+    # ties go to the lowest index: duplicate centers, and a point halfway between two centers
+    pts = np.array([[0.0, 0.0], [0.5, 0.5], [0.5, 0.5]])
+    cts = np.array([[-0.5, 0.0], [0.5, 0.0], [0.5, 0.5], [0.5, 0.5]])
+    assert snap_counts(pts, cts, 2).tolist() == [1, 0, 2, 0]
+
+
+def test_noisy_weights_release_and_input_checks():
+    acc = Accountant(1.0, 0.0, NoNoise())
+    exact = np.array([5, 0, 12], dtype=np.int64)
+    assert noisy_weights(exact, acc, 1.0).tolist() == [5, 0, 12]
+    assert acc.charges[0].label == SNAP_LABEL
+    acc2 = Accountant(1.0, 0.0, NoNoise())
+    with pytest.raises(TypeError):
+        noisy_weights(np.array([1.5, 2.0]), acc2, 1.0)
+    assert acc2.charges == []  # refused before charging
+    # noise of the right scale: discrete Laplace(1/eps) has variance 2 e^{-1/b} / (1 - e^{-1/b})^2, b = 1/eps
+    acc3 = Accountant(0.5, 0.0, SeededNoise(11))
+    noise = noisy_weights(np.full(20000, 100, dtype=np.int64), acc3, 0.5) - 100
+    q = math.exp(-0.5)
+    var = 2 * q / (1 - q) ** 2
+    # 20000 draws: the sample variance is within 10% of var with probability > 99.9% (its relative
+    # standard error is about sqrt((kurtosis - 1) / n) ~ 1.8%, so 10% is more than 5 standard errors).
+    assert abs(noise.var() / var - 1) < 0.1
+
+
+# ----------------------------------------------------------------------------
+# Inputs, candidates, scale
+
+
+def test_signatures_to_csr_checks():
+    inc = signatures_to_csr([(2, 0), (), (1,)], 3)
+    assert inc.toarray().tolist() == [[1, 0, 1], [0, 0, 0], [0, 1, 0]]
+    with pytest.raises(ValueError):
+        signatures_to_csr([(0, 0)], 3)
+    with pytest.raises(ValueError):
+        signatures_to_csr([(0, 3)], 3)
+    dense = np.array([[1, 0, 2], [0, 0, 0]])
+    m = sp.csr_matrix(dense)
+    assert signatures_to_csr(m, 3).toarray().tolist() == [[1, 0, 1], [0, 0, 0]]
+    assert m.toarray().tolist() == dense.tolist()  # the caller's matrix is untouched
+    with pytest.raises(TypeError):
+        cover_from_signatures([(0,)], np.array([1.0]), 3, 1, make_block(NoNoise()), ExponentialMechanism.with_weight(1.0))
+
+
+def test_grid_and_random_candidates():
+    g = grid_candidates(2, 2000)
+    assert g.shape == (44 * 44, 2) and np.all(np.abs(g) <= 1)
+    assert grid_candidates(3, 1000).shape == (1000, 3)  # 1000^(1/3) is 9.99999... in floating point
+    assert grid_candidates(11, 2000).shape == (2**11, 11)  # at least 2 per axis
+    assert np.allclose(np.unique(g[:, 0]), -1 + (2 * np.arange(44) + 1) / 44)
+    shifted = grid_candidates(2, 100, rng=np.random.default_rng(0))
+    assert shifted.shape == (100, 2) and np.all(np.abs(shifted) <= 1)
+    r1 = random_candidates(4, 50, np.random.default_rng(9))
+    r2 = random_candidates(4, 50, np.random.default_rng(9))
+    assert r1.shape == (50, 4) and np.array_equal(r1, r2) and np.all(np.abs(r1) <= 1)
+    with pytest.raises(TypeError):
+        random_candidates(2, 5, None)
+
+
+def test_many_signatures_incremental_updates_stay_exact():
+    # 300,000 signature groups x 800 candidates: the incremental score updates must give the
+    # same picks as recomputing incidence^T @ alive from scratch before every pick.
+    rng = np.random.default_rng(42)
+    n_sigs, n_cand = 300_000, 800
+    lengths = rng.integers(1, 30, size=n_sigs)
+    nnz = int(lengths.sum())
+    starts = np.repeat(rng.integers(0, n_cand, size=n_sigs), lengths)
+    offsets = np.arange(nnz) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    inc = sp.csr_matrix((np.ones(nnz, np.int8), (starts + offsets) % n_cand, indptr), shape=(n_sigs, n_cand))
+    counts = rng.integers(0, 40, size=n_sigs)
+    mech = ExponentialMechanism.with_weight(0.01)
+    m = 20
+    picks = cover_from_signatures(inc, counts, n_cand, m, make_block(SeededNoise(3)), mech)
+
+    block = make_block(SeededNoise(3))
+    alive = counts.astype(np.int64).copy()
+    available = np.ones(n_cand, bool)
+    ref = []
+    csc = inc.tocsc()
+    for _ in range(m):
+        scores = np.asarray(inc.T @ alive, dtype=np.int64)
+        idx = np.flatnonzero(available)
+        v = int(idx[block.exponential(scores[idx], mech)])
+        ref.append(v)
+        available[v] = False
+        alive[csc[:, v].indices] = 0
+    assert picks == ref
+
+
+def test_core_does_not_import_pyspark():
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, dpspark.maxcover; print('pyspark' in sys.modules)"],
+        capture_output=True, text=True, check=True,
+    )
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,316 @@
+"""Spark tests of the maxcover family: the passes, the estimator, the CLI.
+
+All noise comes from SeededNoise / fixed ``seed`` configs (testing aids, NOT
+private) so every run is reproducible. Data sizes are small (a few thousand
+points, k <= 5) to keep the file fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpspark.config import load_config
+from dpspark.errors import ConfigError
+from dpspark.maxcover import core
+from dpspark.maxcover.candidates import stability_threshold
+from dpspark.maxcover.estimator import MaxCover
+from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
+from dpspark.privacy.accountant import Accountant
+from dpspark.privacy.domain import Domain
+from dpspark.privacy.mechanisms import SeededNoise
+
+DELTA = 1e-6
+COLUMNS = ["_u0", "_u1"]
+BOX = Domain(dim=2, lower=(0.0, 0.0), upper=(100.0, 100.0))
+BLOB_CENTERS = np.array([[20.0, 20.0], [80.0, 30.0], [50.0, 80.0], [20.0, 70.0]])
+
+
+def clustered_unit(rng, n, dim=2, n_clusters=3, spread=0.12):
+    centres = rng.uniform(-0.7, 0.7, size=(n_clusters, dim))
+    labels = rng.integers(0, n_clusters, size=n)
+    return np.clip(centres[labels] + rng.normal(0.0, spread, size=(n, dim)), -1.0, 1.0)
+
+
+def unit_df(spark, x, partitions):
+    pdf = pd.DataFrame(x, columns=[f"_u{j}" for j in range(x.shape[1])])
+    return spark.createDataFrame(pdf).repartition(partitions).cache()
+
+
+def blob_points(n_per=750, seed=3, scale=4.0):
+    r = np.random.default_rng(seed)
+    return np.concatenate([c + r.normal(0.0, scale, size=(n_per, 2)) for c in BLOB_CENTERS])
+
+
+def as_histogram(signatures, counts, n_cand):
+    """{frozenset of candidate ids: count} from a list of tuples or a sparse incidence matrix."""
+    inc = core.signatures_to_csr(signatures, n_cand)
+    out: dict = {}
+    for row, c in enumerate(np.asarray(counts, dtype=np.int64)):
+        key = frozenset(inc.indices[inc.indptr[row] : inc.indptr[row + 1]].tolist())
+        out[key] = out.get(key, 0) + int(c)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# The passes against the numpy reference
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_signature_histogram_equals_numpy(spark, partitions):
+    rng = np.random.default_rng(7)
+    x = clustered_unit(rng, 1500)
+    cand = rng.uniform(-1, 1, size=(37, 2))
+    for p in (1, 2):
+        ts = core.thresholds(2 * math.sqrt(2), p, cand.shape[0], 0.5)
+        ref = core.NumpySignatureProvider(x, cand, ts, p)
+        df = unit_df(spark, x, partitions)
+        sc = SparkCoverage(df, COLUMNS, cand, ts, p, max_signatures=10**6)
+        earlier = tuple((int(c), int(j)) for c, j in zip(rng.integers(0, 37, 6), rng.integers(0, 3, 6)))
+        for i, covered in ((4, ()), (ts.size // 2 + 1, earlier)):
+            want = as_histogram(*ref(i, covered), cand.shape[0])
+            got = as_histogram(*sc(i, covered), cand.shape[0])
+            assert got == want and sum(want.values()) > 0
+        assert sc.counter.passes == 2
+        df.unpersist()
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_spark_coverage_picks_identical_to_numpy_core(spark, p):
+    rng = np.random.default_rng(11 + p)
+    x = clustered_unit(rng, 2000)
+    cand = rng.uniform(-1, 1, size=(60, 2))
+    ts = core.thresholds(2 * math.sqrt(2), p, cand.shape[0], 0.7)
+    m = core.picks_per_threshold(3, 0.7)
+    df = unit_df(spark, x, 3)
+
+    def run(provider):
+        acc = Accountant(1.0, DELTA, SeededNoise(2024))
+        return core.run_coverage(provider, cand.shape[0], ts, m, acc, 0.5, DELTA)
+
+    counter = PassCounter()
+    spark_picks = run(SparkCoverage(df, COLUMNS, cand, ts, p, 10**6, counter))
+    numpy_picks = run(core.NumpySignatureProvider(x, cand, ts, p))
+    assert spark_picks == numpy_picks
+    assert counter.passes == ts.size  # one pass per threshold
+    chosen = cand[core.chosen_candidate_ids(spark_picks)]
+    assert np.array_equal(snap_counts(df, COLUMNS, chosen), core.snap_counts(x, chosen, p))
+    df.unpersist()
+
+
+def test_fallback_per_pick_passes_give_the_same_picks(spark):
+    rng = np.random.default_rng(5)
+    x = clustered_unit(rng, 1200, n_clusters=2)
+    cand = rng.uniform(-1, 1, size=(14, 2))
+    ts = core.thresholds(2 * math.sqrt(2), 2, cand.shape[0], 0.7)
+    m = core.picks_per_threshold(3, 0.7)
+    df = unit_df(spark, x, 2)
+
+    def run(max_signatures):
+        counter = PassCounter()
+        provider = SparkCoverage(df, COLUMNS, cand, ts, 2, max_signatures, counter)
+        acc = Accountant(2.0, DELTA, SeededNoise(99))
+        picks = core.run_coverage(provider, cand.shape[0], ts, m, acc, 2.0, DELTA)
+        return picks, provider, counter
+
+    ref_picks, ref_provider, ref_counter = run(10**6)
+    sizes = list(ref_provider.histogram_sizes)
+    bound = sorted(sizes)[len(sizes) // 2]  # some thresholds fall back, some do not
+    picks, provider, counter = run(bound)
+    assert picks == ref_picks
+    fell_back = provider.fallback_thresholds
+    assert fell_back and len(fell_back) < ts.size
+    assert fell_back == [i for i, s in enumerate(sizes) if s > bound]
+    assert counter.passes == ts.size + len(fell_back) * min(m, cand.shape[0])
+    assert ref_counter.passes == ts.size
+    # max_signatures tiny: (nearly) every threshold by per-pick passes, still the same picks.
+    picks_all, provider_all, _ = run(1)
+    assert picks_all == ref_picks
+    assert len(provider_all.fallback_thresholds) == sum(s > 1 for s in sizes)
+    df.unpersist()
+
+
+# ----------------------------------------------------------------------------
+# Privacy bookkeeping
+
+
+def test_stability_threshold_meets_delta():
+    for eps in (0.01, 0.1, 1.0, 3.0):
+        for delta in (1e-9, 1e-6, 1e-3):
+            t = stability_threshold(eps, delta)
+            tail = lambda m: math.exp(-eps * m) / (1 + math.exp(-eps))  # noqa: E731  P[Z >= m], Z ~ DLap(1/eps)
+            assert tail(t - 1) <= delta
+            assert t == 2 or tail(t - 2) > delta  # smallest such T
+
+
+@pytest.fixture(scope="module")
+def blob_df(spark):
+    pdf = pd.DataFrame(blob_points(), columns=["x", "y"])
+    df = spark.createDataFrame(pdf).repartition(3).cache()
+    yield df
+    df.unpersist()
+
+
+@pytest.fixture(scope="module")
+def candidate_table(spark, tmp_path_factory):
+    r = np.random.default_rng(8)
+    rows = np.round(r.uniform(0, 100, size=(60, 2)), 3)
+    rows = np.vstack([rows, BLOB_CENTERS + 1.5])  # a few good candidates, still a public table
+    path = str(tmp_path_factory.mktemp("cand") / "candidates")
+    spark.createDataFrame(pd.DataFrame(rows, columns=["x", "y"])).repartition(2).write.format("delta").save(path)
+    return path, rows
+
+
+@pytest.mark.parametrize("mode", ["grid", "random", "private", "table"])
+def test_total_charge_equals_epsilon_and_delta(blob_df, candidate_table, mode):
+    extra = {"candidate_table": candidate_table[0]} if mode == "table" else {}
+    est = MaxCover(k=4, epsilon=3.0, delta=DELTA, domain=BOX, objective="kmedian", candidates=mode,
+                   candidate_count=64, coverage_approx=0.8, seed=17, **extra)
+    assert est.privacy_plan() == (3.0, DELTA)
+    model = est.fit(blob_df)
+    eps = math.fsum(c["epsilon"] for c in model.charges)
+    delta = math.fsum(c["delta"] for c in model.charges)
+    assert abs(eps - 3.0) <= 1e-9 and abs(delta - DELTA) <= 1e-9 * DELTA
+    assert abs(model.epsilon_spent - 3.0) <= 1e-9 and abs(model.delta_spent - DELTA) <= 1e-15
+    steps = [c["step"] for c in model.charges]
+    assert steps.count(core.COVERAGE_LABEL) == 1 and steps.count(core.SNAP_LABEL) == 1
+    cov = next(c for c in model.charges if c["step"] == core.COVERAGE_LABEL)
+    if mode == "private":
+        assert len(steps) == 2 + 5  # five scales
+        assert math.isclose(cov["epsilon"], 0.4 * 3.0) and math.isclose(cov["delta"], DELTA / 2)
+    else:
+        assert len(steps) == 2
+        assert math.isclose(cov["epsilon"], 1.5) and cov["delta"] == DELTA
+    info = model.info
+    r = info["thresholds"]
+    assert r == core.thresholds(BOX.unit_diameter, 1, info["candidate_count"], 0.8).size
+    assert info["spark_passes"] <= r + 1 + (1 if mode == "private" else 0)
+    assert model.centers.shape == (4, 2)
+    # The clusters are found: every blob center has a released center nearby (64 random
+    # candidates in a 100 x 100 box are about 12 units apart, so that mode gets more slack).
+    d = np.sqrt(((BLOB_CENTERS[:, None, :] - model.centers[None, :, :]) ** 2).sum(axis=2)).min(axis=1)
+    assert np.all(d < (16.0 if mode == "random" else 8.0)), (mode, model.centers)
+
+
+def test_discrete_setting_returns_candidate_rows_only(blob_df, candidate_table):
+    path, rows = candidate_table
+    model = MaxCover(k=4, epsilon=2.0, delta=DELTA, domain=BOX, objective="kmedian", candidates="table",
+                     candidate_table=path, solver="local_search", seed=5).fit(blob_df)
+    assert model.parameters["solver"] == "local_search"
+    table_rows = {tuple(r) for r in rows.tolist()}
+    for c in model.centers.tolist():
+        assert tuple(c) in table_rows
+
+
+# ----------------------------------------------------------------------------
+# Config
+
+
+def _config(tmp_path, data_path, **algorithm):
+    cfg = {
+        "input": {"path": data_path, "format": "delta", "features": ["x", "y"]},
+        "domain": {"lower": [0.0, 0.0], "upper": [100.0, 100.0]},
+        "privacy": {"epsilon": 2.0, "delta": 1e-6},
+        "algorithm": {"name": "maxcover", "objective": "kmeans", "k": 4, **algorithm},
+        "output": {"path": str(tmp_path / "out"), "report": False},
+        "seed": 7,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_config_validation(tmp_path):
+    cfg = _config(tmp_path, "data/none")
+    params = load_config(cfg).algorithm.params
+    assert (params.candidates, params.solver, params.eps_candidates, params.eps_coverage, params.eps_counts) == ("private", "weighted_kmeans", 0.2, 0.4, 0.4)
+    params = load_config(cfg, ["algorithm.objective=kmedian", "algorithm.candidates=grid"]).algorithm.params
+    assert (params.solver, params.eps_candidates, params.eps_coverage, params.delta_candidates) == ("weiszfeld", 0.0, 0.5, 0.0)
+    params = load_config(cfg, ["algorithm.objective=kmedian", "algorithm.candidates=table", "algorithm.candidate_table=t"]).algorithm.params
+    assert params.solver == "local_search"
+    params = load_config(cfg, ["algorithm.eps_split=0.1,0.6,0.3"]).algorithm.params
+    assert (params.eps_candidates, params.eps_coverage, params.eps_counts) == (0.1, 0.6, 0.3)
+    bad = {
+        "privacy.delta=0": "privacy.delta",
+        "algorithm.candidates=table": "algorithm.candidate_table",
+        "algorithm.eps_split=0.2,0.2,0.2": "algorithm.eps_split",
+        "algorithm.eps_coverage=0.5": "algorithm.eps_candidates",
+        "algorithm.solver=weiszfeld": "algorithm.solver",
+        "algorithm.coverage_approx=1.5": "algorithm.coverage_approx",
+        "algorithm.bogus=1": "algorithm.bogus",
+        "privacy.epsilon=100": "algorithm.eps_coverage",
+    }
+    for override, key in bad.items():
+        with pytest.raises(ConfigError) as err:
+            load_config(cfg, [override])
+        assert err.value.key == key, override
+
+
+# ----------------------------------------------------------------------------
+# End to end through the command line
+
+
+@pytest.mark.parametrize("objective,overrides", [
+    ("kmeans", []),
+    ("kmedian", ["algorithm.candidates=grid", "algorithm.candidate_count=64", "algorithm.coverage_approx=0.8"]),
+])
+def test_cli_end_to_end(spark, write_delta, tmp_path, objective, overrides):
+    from dpspark.cli import main
+
+    data = write_delta(pd.DataFrame(blob_points(seed=11), columns=["x", "y"]), partitions=3)
+    cfg = _config(tmp_path, data)
+    rc = main(["run", "--config", cfg, "--set", f"algorithm.objective={objective}", *sum((["--set", o] for o in overrides), []),
+               "--run-id", f"mc-{objective}"], spark=spark)
+    assert rc == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and summary["algorithm"] == "maxcover" and summary["objective"] == objective
+    assert len(summary["centers"]) == 4 and all(len(c) == 2 for c in summary["centers"])
+    assert math.isclose(summary["epsilon_spent"], 2.0, rel_tol=1e-9) and math.isclose(summary["delta_spent"], 1e-6, rel_tol=1e-9)
+    passes = [k for k in summary["timings"] if k.startswith("maxcover pass")]
+    histograms = [k for k in passes if "signature histogram" in k]
+    assert len(passes) <= len(histograms) + 2
+    assert os.path.isdir(tmp_path / "out" / "centers")
+
+
+def test_cli_refuses_zero_delta_before_spark(tmp_path):
+    from dpspark.cli import main
+
+    cfg = _config(tmp_path, "data/none")
+    assert main(["run", "--config", cfg, "--set", "privacy.delta=0"]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------
+# The private candidate generator
+
+
+def test_private_candidates_release_only_heavy_cells(spark):
+    from dpspark.maxcover.candidates import PRIVATE_LABEL, private_candidates
+
+    r = np.random.default_rng(4)
+    x = np.vstack([0.3 + r.normal(0, 0.01, size=(400, 2)), r.uniform(-1, 1, size=(40, 2))])  # one heavy spot, sparse noise
+    df = unit_df(spark, np.clip(x, -1, 1), 2)
+    dom = Domain(dim=2, lower=(-1.0, -1.0), upper=(1.0, 1.0))
+
+    acc = Accountant(2.0, DELTA, SeededNoise(3))
+    cand, info = private_candidates(df, COLUMNS, dom, 50, 4, 2, 2.0, DELTA, acc, np.random.default_rng(0))
+    assert info["padded_public_points"] == 0
+    assert all(30 <= s["threshold"] <= 60 for s in info["scales"])  # above the sparse cells, below the spot
+    # Every released candidate is a noisy mean of a heavy cell: near the heavy spot.
+    assert cand.shape[0] >= 1 and np.all(np.abs(cand - 0.3).max(axis=1) < 0.1), cand
+    charges = [c for c in acc.summary() if c["step"].startswith(PRIVATE_LABEL)]
+    assert len(charges) == 4
+    assert math.isclose(math.fsum(c["epsilon"] for c in charges), 2.0, rel_tol=1e-12)
+    assert math.isclose(math.fsum(c["delta"] for c in charges), DELTA, rel_tol=1e-12)
+
+    # A small budget: the threshold exceeds every count, nothing is released, public points pad to k.
+    acc = Accountant(0.05, DELTA, SeededNoise(3))
+    cand, info = private_candidates(df, COLUMNS, dom, 50, 4, 3, 0.05, DELTA, acc, np.random.default_rng(0))
+    assert all(s["released_cells"] == 0 for s in info["scales"])
+    assert info["padded_public_points"] == 3 and cand.shape == (3, 2)
+    df.unpersist()
