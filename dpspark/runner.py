@@ -150,7 +150,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             with step("write report.png", timings):
                 _write_report(spark, paths["report"], summary, timings, diagnostics)
                 wrote_report = True
-        summary["timings"] = dict(timings)
+        summary["timings"] = _phase_timings(timings, config.algorithm.name)
         record.update(status="succeeded", ended_at=_now())
         with step("write runs table and summary.json", timings):
             tables.write_run_record(spark, paths["runs"], record)
@@ -169,6 +169,21 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
     if ledger is not None:
         ledger.mark(input_path, run_id, "succeeded")
     return RunResult(run_id=run_id, status="succeeded", summary=summary, outputs=paths, model=model)
+
+
+RUNNER_STEPS = ("read input table (schema and version)", "privacy ledger: charge", "write centers table",
+                "write report.png", "write runs table and summary.json")
+
+
+def _phase_timings(timings: dict, algorithm: str) -> dict:
+    """Wall times of the run's fixed phases only, for summary.json and the report.
+
+    Per-pass timings stay in the log: their number and names can depend on the data
+    (e.g. maxcover's fallback passes), and outputs carry only released values and
+    coarse operational metadata. Wall times are operational metadata, not DP releases.
+    """
+    names = (*RUNNER_STEPS[:2], f"{algorithm}: fit", *RUNNER_STEPS[2:])
+    return {name: round(timings[name], 3) for name in names if name in timings}
 
 
 def _ledger_view(totals, plan_eps, plan_delta):
@@ -203,7 +218,7 @@ def _write_report(spark, path, summary, timings, diagnostics):
         "epsilon_configured": summary["epsilon_configured"], "delta_configured": summary["delta_configured"],
         "centers": summary["centers"], "noisy_weights": summary["noisy_weights"],
         "feature_names": summary["feature_names"], "charges": summary["charges"], "ledger": summary["ledger"],
-        "parameters": summary["parameters"], "timings": dict(timings),
+        "parameters": summary["parameters"], "timings": _phase_timings(timings, summary["algorithm"]),
         "seed_note": summary["randomness"]["seed_note"], "diagnostics": diagnostics,
     }
     with tempfile.TemporaryDirectory() as tmp:

@@ -75,6 +75,10 @@ def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_de
     assert summary["status"] == "succeeded" and summary["k"] == 3 and len(summary["centers"]) == 3
     assert abs(summary["epsilon_spent"] - 1.0) <= 1e-9 and summary["delta_spent"] == 0.0
     assert abs(sum(c["epsilon"] for c in summary["charges"]) - 1.0) <= 1e-9
+    # Outputs carry only fixed phase timings, never per-pass (possibly data-dependent) step names.
+    assert set(summary["timings"]) <= {"read input table (schema and version)", "privacy ledger: charge", "dplloyd: fit",
+                                       "write centers table", "write report.png", "write runs table and summary.json"}
+    assert "dplloyd: fit" in summary["timings"]
     centers = spark.read.format("delta").load(out + "/centers").orderBy("cluster_id").toPandas()
     assert list(centers.columns) == ["run_id", "cluster_id", "x", "y", "noisy_weight"]
     assert len(centers) == 3 and set(centers.run_id) == {"full"}
