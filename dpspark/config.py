@@ -190,7 +190,8 @@ class Section:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError(name, f"must be a mapping with keys {list(allowed)}, got {data!r}")
-        unknown = sorted(set(map(str, data)) - set(allowed))
+        # A key set to null counts as absent (so `--set algorithm.variant=null` removes a key).
+        unknown = sorted({str(k) for k, v in data.items() if v is not None} - set(allowed))
         if unknown:
             raise ConfigError(f"{name}.{unknown[0]}" if name else unknown[0], f"unknown key; allowed keys: {list(allowed)}")
         self.name = name
@@ -345,7 +346,7 @@ def validate(raw: dict) -> Config:
     name = algo_raw.get("name")
     if name not in FAMILIES:
         raise ConfigError("algorithm.name", f"{name!r} is not available; allowed: {sorted(FAMILIES)}")
-    family_raw = {k: v for k, v in algo_raw.items() if k not in ("name", "objective", "k")}
+    family_raw = {k: v for k, v in algo_raw.items() if k not in ("name", "objective", "k") and v is not None}
     common = Section("algorithm", {k: algo_raw.get(k) for k in ("name", "objective", "k")}, ("name", "objective", "k"))
     objective = common.string("objective", "kmeans", choices=OBJECTIVES)
     k = common.integer("k", required=True, low=1, high=100_000)

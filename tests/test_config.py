@@ -18,14 +18,17 @@ def base():
 
 def test_demo_config_validates():
     cfg = load_config("conf/demo.yaml")
-    assert cfg.algorithm.name == "dplloyd" and cfg.algorithm.k == 5
+    assert cfg.algorithm.name == "maxcover" and cfg.algorithm.k == 5
     assert cfg.domain.lower == (0.0, 0.0) and cfg.domain.upper == (100.0, 100.0)
-    assert cfg.algorithm.params.variant == "allocation_nk" and cfg.algorithm.params.iterations == 12
-    assert cfg.privacy.budget.epsilon == 10.0
+    assert cfg.algorithm.params.candidates == "private"
+    assert cfg.privacy.budget.epsilon == 10.0 and cfg.privacy.delta == 1e-6
+    other = load_config("conf/demo.yaml", ["algorithm.name=dplloyd", "privacy.delta=0", "algorithm.candidates=null"])
+    assert other.algorithm.params.variant == "allocation_nk" and other.algorithm.params.iterations == 12
 
 
 def test_set_overrides_any_key_and_parses_lists():
     cfg = load_config("conf/demo.yaml", ["algorithm.k=7", "domain.lower=1,2", "domain.upper=[50, 60]",
+                                         "algorithm.name=dplloyd", "privacy.delta=0", "algorithm.candidates=null",
                                          "algorithm.variant=average_k", "privacy.epsilon=0.5", "seed=3"])
     assert cfg.algorithm.k == 7 and cfg.domain.lower == (1.0, 2.0) and cfg.domain.upper == (50.0, 60.0)
     assert cfg.algorithm.params.variant == "average_k" and cfg.algorithm.params.schedule == "average"
