@@ -30,6 +30,7 @@ OBJECTIVES = ("kmeans", "kmedian")
 FAMILIES: dict[str, str] = {
     "dplloyd": "dpspark.dplloyd.params",
     "maxcover": "dpspark.maxcover.params",
+    "ldp": "dpspark.ldp.params",
 }
 
 

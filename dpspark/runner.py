@@ -32,6 +32,7 @@ from dpspark.progress import log, step
 ESTIMATORS = {
     "dplloyd": "dpspark.dplloyd.estimator:DPLloyd",
     "maxcover": "dpspark.maxcover.estimator:MaxCover",
+    "ldp": "dpspark.ldp.estimator:LocalDP",
 }
 
 
