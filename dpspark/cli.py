@@ -2,6 +2,7 @@
 
     dpspark run --config conf/demo.yaml [--set KEY=VALUE ...] [--run-id ID]
     dpspark validate --config conf/demo.yaml [--set KEY=VALUE ...]
+    dpspark advance --config conf/ldp-ingest.yaml      # ldp ingest mode: publish the next round
 
 Exit codes: 0 success; 2 invalid config or arguments (reported before Spark
 starts, naming the key and what is allowed); 3 refused by the privacy budget;
@@ -29,7 +30,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dpspark", description="Differentially private k-means / k-median clustering on Spark.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, text in (("run", "run a clustering job"), ("validate", "validate a config and exit (no Spark)")):
+    for name, text in (("run", "run a clustering job"), ("validate", "validate a config and exit (no Spark)"),
+                       ("advance", "ldp ingest mode: publish every round whose reports are in; release nothing")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="YAML config file")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key (repeatable)")
@@ -57,12 +59,24 @@ def main(argv: list[str] | None = None, spark=None) -> int:
     if args.command == "validate":
         print(json.dumps(config.to_dict(), indent=2, default=str))
         return EXIT_OK
+    if args.command == "advance" and not (config.algorithm.name == "ldp" and getattr(config.algorithm.params, "mode", None) == "ingest"):
+        print("dpspark: invalid config: config key 'algorithm.mode': `dpspark advance` needs algorithm.name=ldp with mode=ingest",
+              file=sys.stderr)
+        return EXIT_CONFIG
 
     try:
         if spark is None:
             from dpspark.session import build_session
 
             spark = build_session(config.spark.master, config.spark.app_name, dict(config.spark.conf))
+        if args.command == "advance":
+            # Publishes round parameters computed from clients' LDP reports (post-processing of
+            # what the clients already released); reads no private rows, charges nothing.
+            from dpspark.ldp.estimator import LocalDP
+
+            status = LocalDP.from_config(config).advance(spark)
+            print(status.get("message") or f"ldp ingest: all rounds' reports are in; `dpspark run` releases the centers")
+            return EXIT_OK
         from dpspark.runner import run
 
         result = run(config, spark, run_id=args.run_id)

@@ -271,6 +271,8 @@ def test_simulate_and_ingest_give_the_same_centers_for_the_same_reports(spark, t
            "output": {"path": str(tmp_path / "out-ingest"), "report": False}, "seed": 11}
     cfg_path = tmp_path / "ingest.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
+    assert main(["advance", "--config", str(cfg_path)], spark=spark) == 0  # nothing left to publish, nothing charged
+    assert not (tmp_path / "out-ingest").exists()
     assert main(["run", "--config", str(cfg_path)], spark=spark) == 0
     summary = json.loads((tmp_path / "out-ingest" / "summary.json").read_text())
     assert np.array_equal(np.asarray(summary["centers"]), simulated.centers)

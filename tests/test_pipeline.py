@@ -218,6 +218,8 @@ def test_bad_config_exits_2_before_spark_starts(tmp_path):
     proc = subprocess.run([PY, "-m", "dpspark.cli", "run", "--config", "conf/demo.yaml", "--set", "algorithm.k=zero"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "algorithm.k" in proc.stderr
+    proc = subprocess.run([PY, "-m", "dpspark.cli", "advance", "--config", "conf/demo.yaml"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "algorithm.mode" in proc.stderr
     proc = subprocess.run([PY, "-m", "dpspark.cli", "run"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--config" in proc.stderr
     proc = subprocess.run([PY, "-m", "dpspark.cli", "run", "--config", "conf/demo.yaml", "--run-id", "bad id!"],
