@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
             from dpspark.ldp.estimator import LocalDP
 
             status = LocalDP.from_config(config).advance(spark)
-            print(status.get("message") or f"ldp ingest: all rounds' reports are in; `dpspark run` releases the centers")
+            print(status.get("message") or "ldp ingest: all rounds' reports are in; `dpspark run` releases the centers")
             return EXIT_OK
         from dpspark.runner import run
 

@@ -231,8 +231,6 @@ def _write_report(spark, path, summary, timings, diagnostics):
 
 def _diagnostics(spark, model, df) -> dict:
     """NON-PRIVATE diagnostics (switched on by ``diagnostics: true``): true cost and a data sample."""
-    from pyspark.sql import functions as F
-
     log.warning("diagnostics: true -- computing NON-PRIVATE diagnostics from the data")
     unit_df, _ = tables.prepare_points(df, model.features, None, model.domain, "diagnostics")
     cols = tables.unit_columns(model.domain.dim)

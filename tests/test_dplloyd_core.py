@@ -143,7 +143,7 @@ def test_full_run_statistical_privacy_and_broken_noise_is_caught(monkeypatch):
     20k runs per side put >= 4,000 releases in that quadrant: the log-ratio's standard
     error is < 0.025 and the margin 0.15 is 6 standard errors (4 bins: false alarm < 1e-8).
     """
-    from test_mechanisms import estimated_loss
+    from privacy_stats import estimated_loss
 
     d0 = np.zeros((20, 1))
     d1 = np.vstack([d0, [[1.0]]])

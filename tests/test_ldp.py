@@ -7,7 +7,6 @@ assertion; with the fixed seeds they are deterministic.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -27,19 +26,7 @@ from conftest import ROOT, blobs
 
 BLOB_CENTERS = [(20.0, 20.0), (80.0, 30.0), (50.0, 80.0)]
 DOMAIN = Domain(dim=2, lower=(0.0, 0.0), upper=(100.0, 100.0))
-MIN_BIN = 2000
-MARGIN = 0.2
-
-
-def estimated_loss(a: np.ndarray, b: np.ndarray) -> float:
-    """Max |log ratio| of the empirical report distributions over values with >= MIN_BIN draws in both."""
-    values = np.union1d(np.unique(a), np.unique(b))
-    worst = 0.0
-    for v in values:
-        ca, cb = int(np.sum(a == v)), int(np.sum(b == v))
-        if ca >= MIN_BIN and cb >= MIN_BIN:
-            worst = max(worst, abs(math.log((ca / len(a)) / (cb / len(b)))))
-    return worst
+from privacy_stats import MARGIN, estimated_loss  # noqa: E402
 
 
 def seeds(n: int, tag: str) -> list[bytes]:

@@ -7,10 +7,7 @@ import json
 import os
 import threading
 
-import numpy as np
-import pandas as pd
 import pytest
-import yaml
 
 from dpspark.cli import main
 from dpspark.privacy.ledger import Ledger
@@ -64,7 +61,6 @@ def test_charge_is_written_before_the_data_is_read(spark, tmp_path, write_delta,
 
 def test_failed_run_stays_charged_and_leaves_no_result(spark, tmp_path, write_delta, monkeypatch):
     from dpspark import tables
-    from dpspark.dplloyd.estimator import DPLloyd
 
     path = write_delta(points_frame(30))
     ledger_path = str(tmp_path / "ledger")

@@ -114,7 +114,7 @@ def candidates_from_good_centers(params: GoodCentersRound, hist: Histogram, sett
     keeping at most ``candidates_per_hash`` buckets (largest c_hat) per hash function.
     Returns (candidates (K, d), creation counts (K,), per-hash info list).
     """
-    d, B = params.dim, params.buckets
+    d = params.dim
     v0 = olh.background_variance(params.oracle.epsilon, params.oracle.g)
     out, counts, info = [], [], []
     for i in range(params.radii):
