@@ -165,6 +165,9 @@ def run_lloyd(
             log.info("dplloyd %s: %d cluster(s) with noisy count < %g re-seeded uniformly in the domain", label, int(tiny.sum()), params.min_count)
         trace.reseeded.append(int(tiny.sum()))
         centroids = domain.clip_unit(new)
+    # A cluster re-seeded in the last iteration is a fresh public point: it carries no weight
+    # (post-processing of the noisy counts).
+    noisy_counts = np.where(tiny, 0.0, noisy_counts)
     weights = np.maximum(noisy_counts, 0.0)
     if n_clusters == k:
         return centroids, noisy_counts, trace
@@ -175,18 +178,44 @@ def run_lloyd(
     return domain.clip_unit(centers), np.asarray(merged, dtype=np.float64), trace
 
 
+def assign(xq: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """Index of the nearest centroid (ties to the lowest index), as the Spark pass computes it.
+
+    argmin_j ||c_j||^2 - 2 x . c_j  (||x||^2 is common to all j). The Spark pass and the
+    numpy reference share this function, so their exact aggregates agree bit for bit.
+    """
+    c_sq = (centroids**2).sum(axis=1)
+    return np.argmin(c_sq[None, :] - 2.0 * (xq @ centroids.T), axis=1)
+
+
+def exact_aggregates(q: np.ndarray, centroids: np.ndarray):
+    """Exact counts (K,) and fixed-point sums (K, d), int64, of fixed-point points ``q``."""
+    k, dim = centroids.shape
+    labels = assign(q.astype(np.float64) / SCALE, centroids)
+    counts = np.bincount(labels, minlength=k).astype(np.int64)
+    sums = np.zeros((k, dim), dtype=np.int64)
+    for j in range(dim):
+        # float64 bincount of integers is exact while partial sums stay below 2**53
+        # (|q| <= 2**20, so up to 2**32 rows per call); converted to int64 at once.
+        sums[:, j] = np.bincount(labels, weights=q[:, j], minlength=k).astype(np.int64)
+    return counts, sums
+
+
 def numpy_aggregate(unit_points: np.ndarray) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """Reference aggregation on one machine (tests): exact counts and fixed-point sums."""
+    """Reference aggregation on one machine (tests, benchmarks): exact counts and fixed-point sums."""
     from dpspark.privacy.fixedpoint import quantize
 
-    q = quantize(unit_points)
-    xq = q.astype(np.float64) / SCALE
+    q = quantize(unit_points).reshape(len(unit_points), -1)
+    chunk = 1 << 20
 
     def aggregate(centroids: np.ndarray):
-        labels = solvers.nearest(xq, centroids) if len(xq) else np.zeros(0, dtype=np.int64)
-        counts = np.bincount(labels, minlength=len(centroids)).astype(np.int64)
-        sums = np.zeros((len(centroids), q.shape[1]), dtype=np.int64)
-        np.add.at(sums, labels, q)
+        centroids = np.asarray(centroids, dtype=np.float64)
+        counts = np.zeros(len(centroids), dtype=np.int64)
+        sums = np.zeros(centroids.shape, dtype=np.int64)
+        for start in range(0, len(q), chunk):
+            c, s_ = exact_aggregates(q[start:start + chunk], centroids)
+            counts += c
+            sums += s_
         return counts, sums
 
     return aggregate

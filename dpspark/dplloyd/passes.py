@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpspark.dplloyd.core import exact_aggregates
 from dpspark.privacy.fixedpoint import SCALE
 
 
@@ -23,7 +24,6 @@ def partition_aggregator(centroids: np.ndarray, columns: list[str]):
     """The function run by ``mapInPandas``: exact partial aggregates of one partition."""
     centroids = np.asarray(centroids, dtype=np.float64)
     k, dim = centroids.shape
-    c_sq = (centroids**2).sum(axis=1)
 
     def aggregate(batches):
         import pandas as pd
@@ -33,16 +33,10 @@ def partition_aggregator(centroids: np.ndarray, columns: list[str]):
         for pdf in batches:
             if len(pdf) == 0:
                 continue
-            x = pdf[columns].to_numpy(dtype=np.float64)
-            q = np.rint(x * SCALE).astype(np.int64)  # fixed point, as dpspark.privacy.fixedpoint.quantize
-            xq = q.astype(np.float64) / SCALE
-            dist = c_sq[None, :] - 2.0 * (xq @ centroids.T)  # ||x||^2 is common to all centroids
-            labels = np.argmin(dist, axis=1)
-            counts += np.bincount(labels, minlength=k)
-            for j in range(dim):
-                # float64 bincount of integers is exact while partial sums < 2**53 (batches of
-                # at most 2**32 rows of |q| <= 2**20); converted to int64 before accumulating.
-                sums[:, j] += np.bincount(labels, weights=q[:, j], minlength=k).astype(np.int64)
+            q = np.rint(pdf[columns].to_numpy(dtype=np.float64) * SCALE).astype(np.int64)  # fixed point
+            c, s_ = exact_aggregates(q, centroids)
+            counts += c
+            sums += s_
         out = {"cluster": np.arange(k, dtype=np.int32), "count": counts}
         for j in range(dim):
             out[f"s{j}"] = sums[:, j]
