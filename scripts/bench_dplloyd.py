@@ -36,7 +36,7 @@ import functools
 import json
 import logging
 import math
-import os
+
 import secrets
 import sys
 import time
