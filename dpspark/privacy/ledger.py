@@ -50,6 +50,8 @@ def _is_conflict(exc: Exception) -> bool:
     return any(word in text for word in (
         "Concurrent", "ProtocolChanged", "MetadataChanged", "DELTA_CONCURRENT", "already exists",
         "DELTA_TABLE_ALREADY_EXISTS", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED",
+        # another run is creating the ledger right now: its first commit is not there yet
+        "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION",
     ))
 
 
