@@ -237,6 +237,11 @@ def _draw_centers(ax, centers, weights, names, diagnostics):
         ax.legend(loc="upper right", fontsize=8)
 
 
+def _short(text: str, limit: int) -> str:
+    """Shorten a label for the figure, keeping its end (the full text is in summary.json)."""
+    return text if len(text) <= limit else "\u2026" + text[-(limit - 1):]
+
+
 def _group_charges(charges, limit=12):
     """Many small charges (e.g. count and sums of every iteration) are grouped by the
     first two words of their step label, so the chart stays readable; totals are exact sums."""
@@ -262,7 +267,7 @@ def _draw_charges(ax, charges):
         ax.set_xticks([])
         ax.set_yticks([])
         return
-    steps = [str(c.get("step", "?")) for c in charges]
+    steps = [_short(str(c.get("step", "?")), 24) for c in charges]
     eps = np.array([float(c.get("epsilon") or 0.0) for c in charges])
     y = np.arange(len(charges))
     ax.barh(y, eps, color="tab:blue", alpha=0.8)
@@ -273,7 +278,7 @@ def _draw_charges(ax, charges):
     ax.set_xlim(0, top * 1.9 if top > 0 else 1.0)
     for yi, c, e in zip(y, charges, eps):
         rule = c.get("rule")
-        label = f"\u03b5={_fmt(e)}, \u03b4={_fmt(c.get('delta', 0.0))}" + (f" ({rule})" if rule else "")
+        label = f"\u03b5={_fmt(e)}, \u03b4={_fmt(c.get('delta', 0.0))}" + (f" ({rule[:38] + chr(0x2026) if len(rule) > 39 else rule})" if rule else "")
         ax.text(e, yi, "  " + label, va="center", ha="left", fontsize=8)
     ax.grid(True, axis="x", alpha=0.3)
 
