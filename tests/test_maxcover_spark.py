@@ -271,9 +271,10 @@ def test_cli_end_to_end(spark, write_delta, tmp_path, objective, overrides):
     assert summary["status"] == "succeeded" and summary["algorithm"] == "maxcover" and summary["objective"] == objective
     assert len(summary["centers"]) == 4 and all(len(c) == 2 for c in summary["centers"])
     assert math.isclose(summary["epsilon_spent"], 2.0, rel_tol=1e-9) and math.isclose(summary["delta_spent"], 1e-6, rel_tol=1e-9)
-    passes = [k for k in summary["timings"] if k.startswith("maxcover pass")]
-    histograms = [k for k in passes if "signature histogram" in k]
-    assert len(passes) <= len(histograms) + 2
+    # Pass counts are checked on the model (test_total_charge_equals_epsilon_and_delta); the outputs
+    # carry only the fixed phases' timings, never per-pass (data-dependent) step names.
+    assert "maxcover: fit" in summary["timings"]
+    assert not any("pass" in key for key in summary["timings"])
     assert os.path.isdir(tmp_path / "out" / "centers")
 
 
