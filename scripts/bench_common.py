@@ -225,3 +225,44 @@ def machine_description() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+# ---------------------------------------------------------------------------
+# Memory from the OS (Linux /proc): shared by bench_scale.py and bench_maxcover.py
+
+
+def status_kb(pid, field: str) -> int | None:
+    """A field of /proc/<pid>/status in kB (e.g. VmHWM, the peak RSS), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def reset_hwm(pid) -> bool:
+    """Reset the peak RSS (VmHWM) of a process: write 5 to /proc/<pid>/clear_refs (Linux >= 4.0)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid``."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            stat = (p / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(p.name))
+    return out

@@ -75,6 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
+from bench_common import children as _children, reset_hwm as _reset_hwm, status_kb as _status_kb  # noqa: E402
 
 OUT_DIR = bc.ROOT / "bench" / "results" / "maxcover"
 EPSILONS = [0.25, 0.5, 1.0, 2.0, 4.0]
@@ -438,9 +439,15 @@ def report(out_dir: Path, command: str, args):
         "Spark passes: maxcover `info[\"spark_passes\"]` (r thresholds + 1 snap pass, + 1 for private candidates); dplloyd "
         "one aggregation pass per iteration. Wall time: the whole `fit` (seconds).",
         "",
-        "## Datasets",
-        "",
     ]
+    runs = defaultdict(int)
+    for (_, _, m), g in by.items():
+        runs[m] = max(runs[m], len(g))
+    if len(set(runs.values())) > 1:
+        lines += ["Runs per (dataset, epsilon): " + ", ".join(f"{m}: {runs[m]}" for m in m_order)
+                  + " (methods with fewer runs were added as time allowed: their IQR is not meaningful).", ""]
+    wall_total = sum(fnum(r.get("wall_s")) for r in ok if not math.isnan(fnum(r.get("wall_s"))))
+    lines += [f"Sum of the fit wall times: {wall_total / 60:.1f} min.", "", "## Datasets", ""]
     ds_rows = []
     for ds in ds_order:
         n, d, k, full, _ = meta[ds]
@@ -533,40 +540,8 @@ def plots(by, ds_order, m_order, e_order, meta, out_dir: Path):
 # Speed section
 
 
-def _status_kb(pid, field: str) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
-def _reset_hwm(pid) -> bool:
-    """Reset the peak RSS (VmHWM) of a process: write 5 to /proc/<pid>/clear_refs (Linux >= 4.0)."""
-    try:
-        with open(f"/proc/{pid}/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            stat = (p / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid:
-            out.append(int(p.name))
-    return out
 
 
 def find_jvm(root: int) -> int | None:

@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
+from bench_common import children as _children, reset_hwm as _reset_hwm, status_kb as _status_kb  # noqa: E402
 
 ROOT = bc.ROOT
 DEFAULT_OUT = ROOT / "bench" / "results" / "scale"
@@ -68,38 +69,8 @@ log = logging.getLogger("bench_scale")
 # Memory from the OS
 
 
-def _status_kb(pid, field: str) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
-def _reset_hwm(pid) -> bool:
-    try:
-        with open(f"/proc/{pid}/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            stat = (p / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append(int(p.name))
-    return out
 
 
 def find_jvm(root: int) -> int | None:
