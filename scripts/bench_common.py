@@ -266,3 +266,36 @@ def children(pid: int) -> list[int]:
         if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
             out.append(int(p.name))
     return out
+
+
+def find_jvm(root: int) -> int | None:
+    """The java process among the descendants of the Python driver (the Spark driver JVM in local mode)."""
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        for c in children(pid):
+            try:
+                comm = Path(f"/proc/{c}/comm").read_text().strip()
+            except OSError:
+                continue
+            if comm == "java":
+                return c
+            stack.append(c)
+    return None
+
+
+class PeakMemory:
+    """Peak RSS of the Python driver and the JVM over one job (VmHWM after a reset)."""
+
+    def __init__(self, jvm_pid):
+        self.jvm = jvm_pid
+
+    def __enter__(self):
+        self.py_reset = reset_hwm("self")
+        self.jvm_reset = reset_hwm(self.jvm) if self.jvm else False
+        return self
+
+    def __exit__(self, *exc):
+        self.py_peak_mb = (status_kb("self", "VmHWM") or 0) / 1024
+        self.jvm_peak_mb = (status_kb(self.jvm, "VmHWM") or 0) / 1024 if self.jvm else float("nan")
+        return False

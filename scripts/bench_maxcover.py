@@ -75,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
-from bench_common import children as _children, reset_hwm as _reset_hwm, status_kb as _status_kb  # noqa: E402
+from bench_common import PeakMemory, find_jvm  # noqa: E402
 
 OUT_DIR = bc.ROOT / "bench" / "results" / "maxcover"
 EPSILONS = [0.25, 0.5, 1.0, 2.0, 4.0]
@@ -538,43 +538,6 @@ def plots(by, ds_order, m_order, e_order, meta, out_dir: Path):
 
 # --------------------------------------------------------------------------
 # Speed section
-
-
-
-
-
-
-def find_jvm(root: int) -> int | None:
-    """The java process among the descendants of the Python driver (the Spark driver JVM in local mode)."""
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        for c in _children(pid):
-            try:
-                comm = Path(f"/proc/{c}/comm").read_text().strip()
-            except OSError:
-                continue
-            if comm == "java":
-                return c
-            stack.append(c)
-    return None
-
-
-class PeakMemory:
-    """Peak RSS of the Python driver and the JVM over one job (VmHWM after a reset)."""
-
-    def __init__(self, jvm_pid):
-        self.jvm = jvm_pid
-
-    def __enter__(self):
-        self.py_reset = _reset_hwm("self")
-        self.jvm_reset = _reset_hwm(self.jvm) if self.jvm else False
-        return self
-
-    def __exit__(self, *exc):
-        self.py_peak_mb = (_status_kb("self", "VmHWM") or 0) / 1024
-        self.jvm_peak_mb = (_status_kb(self.jvm, "VmHWM") or 0) / 1024 if self.jvm else math.nan
-        return False
 
 
 def make_speed_table(spark, path: str, n: int, seed: int, partitions: int, k: int = 15, box: float = 100.0,

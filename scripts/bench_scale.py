@@ -33,7 +33,6 @@ import argparse
 import csv
 import json
 import logging
-import math
 import os
 import resource
 import shutil
@@ -48,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
-from bench_common import children as _children, reset_hwm as _reset_hwm, status_kb as _status_kb  # noqa: E402
+from bench_common import PeakMemory, find_jvm  # noqa: E402
 
 ROOT = bc.ROOT
 DEFAULT_OUT = ROOT / "bench" / "results" / "scale"
@@ -67,39 +66,6 @@ log = logging.getLogger("bench_scale")
 
 # ---------------------------------------------------------------------------
 # Memory from the OS
-
-
-
-
-
-
-def find_jvm(root: int) -> int | None:
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        for c in _children(pid):
-            try:
-                if Path(f"/proc/{c}/comm").read_text().strip() == "java":
-                    return c
-            except OSError:
-                continue
-            stack.append(c)
-    return None
-
-
-class PeakMemory:
-    def __init__(self, jvm_pid):
-        self.jvm = jvm_pid
-
-    def __enter__(self):
-        self.py_reset = _reset_hwm("self")
-        self.jvm_reset = _reset_hwm(self.jvm) if self.jvm else False
-        return self
-
-    def __exit__(self, *exc):
-        self.py_peak_mb = (_status_kb("self", "VmHWM") or 0) / 1024
-        self.jvm_peak_mb = (_status_kb(self.jvm, "VmHWM") or 0) / 1024 if self.jvm else math.nan
-        return False
 
 
 # ---------------------------------------------------------------------------
