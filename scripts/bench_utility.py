@@ -132,7 +132,7 @@ def _np_cell_aggregates(unit, columns):
 
     from dpspark.maxcover import passes
 
-    def cell_aggregates(_df, _columns, sides, shifts, counter=None, timings=None):
+    def cell_aggregates(_df, _columns, sides, shifts, min_count=1, counter=None, timings=None):
         dim = len(columns)
         fn = passes.cell_aggregator(sides, shifts, columns, 1 << 16)
         parts = list(fn(iter([pd.DataFrame(unit, columns=columns)])))
@@ -146,6 +146,8 @@ def _np_cell_aggregates(unit, columns):
             g = np.frombuffer(b"".join(bytes(c) for c in pdf["cell"]), dtype=np.int32).reshape(-1, dim).astype(np.int64)
             n = pdf["n"].to_numpy(dtype=np.int64)
             s = pdf[[f"s{j}" for j in range(dim)]].to_numpy(dtype=np.int64)
+            keep = n >= min_count
+            g, n, s = g[keep], n[keep], s[keep]
             order = np.lexsort(g.T[::-1])
             out.append((g[order], n[order], s[order]))
         if counter is not None:

@@ -146,6 +146,31 @@ def test_stability_threshold_meets_delta():
             tail = lambda m: math.exp(-eps * m) / (1 + math.exp(-eps))  # noqa: E731  P[Z >= m], Z ~ DLap(1/eps)
             assert tail(t - 1) <= delta
             assert t == 2 or tail(t - 2) > delta  # smallest such T
+            for c in (2, 5):
+                tc = stability_threshold(eps, delta, min_count=c)
+                assert tc == t + c - 1
+                assert tail(tc - c) <= delta and tail(tc - c - 1) > delta or tc == c + 1  # P[c + Z >= T_c] <= delta
+    with pytest.raises(ValueError, match="min_count=0"):
+        stability_threshold(1.0, 1e-6, min_count=0)
+
+
+def test_cell_aggregates_drop_cells_below_min_count_on_executors(spark):
+    from dpspark.maxcover import passes
+
+    r = np.random.default_rng(5)
+    pts = np.vstack([r.uniform(-1, 1, size=(300, 2)), np.full((40, 2), 0.3)])  # scattered + one heavy cell
+    df = spark.createDataFrame(pd.DataFrame(pts, columns=["u0", "u1"])).repartition(3)
+    sides, shifts = [0.5, 0.05], [np.zeros(2), np.full(2, 0.01)]
+    full = passes.cell_aggregates(df, ["u0", "u1"], sides, shifts)
+    kept = passes.cell_aggregates(df, ["u0", "u1"], sides, shifts, min_count=2)
+    assert (full[1][1] == 1).sum() > 100  # the fine scale is mostly singletons
+    assert len(kept[1][1]) < len(full[1][1]) - 100
+    for (g, n, s), (gk, nk, sk) in zip(full, kept):
+        sel = n >= 2
+        np.testing.assert_array_equal(gk, g[sel])
+        np.testing.assert_array_equal(nk, n[sel])
+        np.testing.assert_array_equal(sk, s[sel])
+        assert n.sum() == 340
 
 
 @pytest.fixture(scope="module")

@@ -18,21 +18,26 @@ with discrete Laplace noise and extra per-bin releases:
 
     Let every record fall into exactly one bin of a (possibly infinite) public
     set of bins, c_b the exact count of bin b and f_b the exact sum over the
-    records of bin b of a vector g(record) with ||g||_1 <= S. Release, for every
-    NON-EMPTY bin b independently, c~_b = c_b + Z_b with Z_b ~ DLap(1/eps_c)
-    (P(z) ~ exp(-eps_c |z|)), and if c~_b >= T also f_b + W_b with W_b a vector
-    of DLap(S/eps_s) in fixed-point steps; release nothing about the other bins.
-    If P[1 + Z >= T] = exp(-eps_c (T - 1)) / (1 + exp(-eps_c)) <= delta, this is
+    records of bin b of a vector g(record) with ||g||_1 <= S, and c >= 1 a public
+    integer. Release, for every bin b with c_b >= c independently,
+    c~_b = c_b + Z_b with Z_b ~ DLap(1/eps_c) (P(z) ~ exp(-eps_c |z|)), and if
+    c~_b >= T also f_b + W_b with W_b a vector of DLap(S/eps_s) in fixed-point
+    steps; release nothing about the other bins. If
+    P[c + Z >= T] = exp(-eps_c (T - c)) / (1 + exp(-eps_c)) <= delta, this is
     (eps_c + eps_s, delta)-DP under add/remove of one record.
 
 Proof: let D' = D + {x} and b the bin of x; every other bin has the same count
-and sums in D and D' and independent noise. If c_b(D) >= 1, the pair (c~_b,
+and sums in D and D' and independent noise. If c_b(D) >= c, the pair (c~_b,
 f~_b) is (eps_c + eps_s)-DP (two Laplace mechanisms of sensitivity 1 and S) and
-the test c~_b >= T is post-processing. If c_b(D) = 0, bin b is never reported
-on D and is reported on D' with probability P[1 + Z >= T] <= delta; outside that
-event both outputs have the same distribution, which gives (0, delta) in both
-directions. Empty bins are never listed, so no threshold-passing release can
-reveal one.
+the test c~_b >= T is post-processing. If c_b(D) < c - 1, bin b is considered
+in neither. If c_b(D) = c - 1, bin b is never reported on D and is reported on
+D' (count c) with probability P[c + Z >= T] <= delta; outside that event both
+outputs have the same distribution, which gives (0, delta) in both directions.
+Bins below c are never listed, so no threshold-passing release can reveal one.
+The textbook form is c = 1 (non-empty bins). We use c = MIN_CELL_COUNT = 2: the
+cells holding a single record, which in high dimension are nearly all of them,
+are dropped by the executors instead of being collected to the driver and
+noised; the price is a threshold one higher (T_c = T_1 + c - 1, same delta).
 
 Here one scale is one histogram: the cells of a grid of side s (randomly shifted
 by a PUBLIC uniform offset), g(x) = fixed-point offset of x from its cell center
@@ -66,12 +71,13 @@ from dpspark.privacy.mechanisms import LaplaceMechanism
 
 log = logging.getLogger("dpspark")
 
+MIN_CELL_COUNT = 2  # cells with fewer records are dropped on the executors; the threshold rises by MIN_CELL_COUNT - 1
 COUNT_SHARE = 0.75  # of each scale's epsilon: the noisy counts (and the threshold); the rest for the offset sums
 PRIVATE_LABEL = "maxcover private candidates"
 STABILITY_RULE = (
     "stability-based histogram (Korolova et al. 2009; Bun, Nissim, Stemmer 2016 Thm 3.5; Vadhan 2017 Prop 3.5), "
-    "add/remove, discrete Laplace: non-empty cells only, noisy count c+DLap(1/eps_c) released iff >= T with "
-    "exp(-eps_c (T-1))/(1+exp(-eps_c)) <= delta_level, plus DLap noise of scale S/eps_s on the clipped "
+    "add/remove, discrete Laplace: only cells with exact count >= c (c = MIN_CELL_COUNT, filtered on the executors), "
+    "noisy count n+DLap(1/eps_c) released iff >= T with exp(-eps_c (T-c))/(1+exp(-eps_c)) <= delta_level, plus DLap noise of scale S/eps_s on the clipped "
     "offset sums of released cells (L1 sensitivity S = d * side/2): (eps_c + eps_s, delta_level)-DP per scale; "
     "scales by basic composition"
 )
@@ -130,10 +136,21 @@ def public_candidates(mode: str, domain: Domain, count: int, rng: np.random.Gene
 # Private candidates
 
 
-def stability_threshold(eps_count: float, delta: float) -> int:
-    """Smallest integer T >= 2 with P[1 + Z >= T] = exp(-eps (T-1)) / (1 + exp(-eps)) <= delta, Z ~ DLap(1/eps)."""
+def stability_threshold(eps_count: float, delta: float, min_count: int = 1) -> int:
+    """Smallest integer T > c with P[c + Z >= T] = exp(-eps (T-c)) / (1 + exp(-eps)) <= delta, Z ~ DLap(1/eps).
+
+    ``c = min_count``: the smallest exact count a bin must have to be considered at all (see the
+    module docstring); the result is the c = 1 threshold plus c - 1.
+    """
     if not (eps_count > 0) or not (0 < delta < 1):
         raise ValueError(f"need eps > 0 and delta in (0, 1), got {eps_count!r}, {delta!r}")
+    if int(min_count) != min_count or min_count < 1:
+        raise ValueError(f"min_count={min_count!r} should be an integer >= 1")
+    return _threshold_one(eps_count, delta) + int(min_count) - 1
+
+
+def _threshold_one(eps_count: float, delta: float) -> int:
+    """The textbook (c = 1) threshold: smallest T >= 2 with exp(-eps (T-1)) / (1 + exp(-eps)) <= delta."""
     q = math.exp(-eps_count)
     m = max(1, math.ceil(math.log(1.0 / (delta * (1.0 + q))) / eps_count))
     while m > 1 and math.exp(-eps_count * (m - 1)) / (1.0 + q) <= delta:
@@ -162,7 +179,7 @@ def private_candidates(df, columns: list[str], domain: Domain, count: int, scale
     dim = domain.dim
     sides = scale_sides(scales)
     shifts = [rng.uniform(0.0, side, size=dim) for side in sides]  # PUBLIC randomness
-    cells = passes.cell_aggregates(df, columns, sides, shifts, counter=counter, timings=timings)
+    cells = passes.cell_aggregates(df, columns, sides, shifts, min_count=MIN_CELL_COUNT, counter=counter, timings=timings)
     eps_levels = split_evenly(eps_cand, scales)
     delta_levels = split_evenly(delta_cand, scales)
     per_level: list[tuple[np.ndarray, np.ndarray]] = []  # (candidate points, noisy counts), heaviest first
@@ -171,7 +188,7 @@ def private_candidates(df, columns: list[str], domain: Domain, count: int, scale
         eps_l, delta_l = eps_levels[level], delta_levels[level]
         eps_c = eps_l * COUNT_SHARE
         eps_s = eps_l - eps_c
-        threshold = stability_threshold(eps_c, delta_l)
+        threshold = stability_threshold(eps_c, delta_l, MIN_CELL_COUNT)
         lim = passes.offset_limit(side)
         block = accountant.block(f"{PRIVATE_LABEL}: scale {level + 1}/{scales} (cell side {side:g})", eps_l, delta_l, STABILITY_RULE)
         noisy_n = block.laplace(n, LaplaceMechanism(epsilon=eps_c, sensitivity=1.0)) if n.size else np.zeros(0, dtype=np.int64)

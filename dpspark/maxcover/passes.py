@@ -402,11 +402,12 @@ def snap_counts(df, columns: list[str], centers, counter: PassCounter | None = N
     return counts
 
 
-def cell_aggregates(df, columns: list[str], sides: Sequence[float], shifts: Sequence[np.ndarray],
+def cell_aggregates(df, columns: list[str], sides: Sequence[float], shifts: Sequence[np.ndarray], min_count: int = 1,
                     counter: PassCounter | None = None, timings: dict | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """One pass for all scales: per scale (cell coordinates int64 (c, d), exact counts (c,), exact fixed-point sums (c, d)).
 
-    Only non-empty cells appear. Rows are sorted by cell coordinates, so the order
+    Only cells with an exact count >= ``min_count`` (public) appear; the filter runs on the
+    executors, so the driver only receives those. Rows are sorted by cell coordinates, so the order
     (and with a seeded noise source the draws) does not depend on the partitioning.
     """
     from pyspark.sql import functions as F
@@ -419,6 +420,7 @@ def cell_aggregates(df, columns: list[str], sides: Sequence[float], shifts: Sequ
             df.mapInPandas(fn, schema)
             .groupBy("level", "cell")
             .agg(F.sum("n").alias("n"), *[F.sum(f"s{j}").alias(f"s{j}") for j in range(dim)])
+            .where(F.col("n") >= F.lit(int(min_count)))
             .toPandas()
         )
         if counter is not None:
