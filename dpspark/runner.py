@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from dpspark import __version__, tables
-from dpspark.errors import BudgetRefused, PrivacyAccountingError
+from dpspark.errors import BudgetRefused, DPSparkError, PrivacyAccountingError
 from dpspark.privacy.ledger import Ledger
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import log, step
@@ -101,6 +101,18 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         df, version = tables.load_table(spark, input_path, config.input.format)
         tables.check_schema(df, config.input.features, config.input.privacy_unit, config.domain.dim)
     record["input_version"] = version
+
+    # Families whose inputs arrive over time (ldp ingest mode) say here, before any charge,
+    # whether the run can release; if not, nothing is charged or released (exit 1).
+    ready = getattr(estimator, "check_ready", None)
+    if ready is not None:
+        try:
+            with step("check that every input is in", timings):
+                ready(spark)
+        except DPSparkError as exc:
+            record.update(status="awaiting", ended_at=_now(), error=str(exc)[:4000])
+            tables.write_run_record(spark, paths["runs"], record)
+            raise
 
     ledger = Ledger(spark, tables.qualify(config.privacy.ledger)) if config.privacy.ledger else None
     ledger_totals = None

@@ -215,6 +215,7 @@ def test_simulate_and_ingest_give_the_same_centers_for_the_same_reports(spark, t
     from dpspark.cli import main
     from dpspark.ldp import spark as ldp_spark
     from dpspark.ldp.estimator import AwaitingReports, LocalDP
+    from dpspark.privacy.ledger import Ledger
     from dpspark.privacy.randomness import Randomness
 
     pdf = blob_frame(2000, seed=2)
@@ -237,6 +238,22 @@ def test_simulate_and_ingest_give_the_same_centers_for_the_same_reports(spark, t
         if r == 1:  # nothing to release yet: the run stops (exit 1), round 1 is published
             with pytest.raises(AwaitingReports, match="round 1"):
                 ingest.fit(df)
+        elif r == 2:  # a CLI run made too early: exit 1 BEFORE the ledger, nothing charged or written
+            early_cfg = tmp_path / "early.yaml"
+            ledger_path = str(tmp_path / "ledger")
+            early_cfg.write_text(yaml.safe_dump({
+                "input": {"path": path, "features": ["x", "y"], "privacy_unit": "user"},
+                "domain": {"lower": [0, 0], "upper": [100, 100]},
+                "privacy": {"epsilon": 4.0, "delta": 0.0, "ledger": ledger_path},
+                "algorithm": {"name": "ldp", "k": 3, "mode": "ingest", "protocol_path": protocol_path,
+                              "reports_path": reports_path},
+                "output": {"path": str(tmp_path / "out-early"), "report": False}, "seed": 11}))
+            assert main(["run", "--config", str(early_cfg)], spark=spark) == 1
+            assert Ledger(spark, ledger_path).totals(path).spent_epsilon == 0.0
+            runs = spark.read.format("delta").load(str(tmp_path / "out-early" / "runs")).collect()
+            assert [(row.status, row.epsilon_spent) for row in runs] == [("awaiting", 0.0)]
+            assert not (tmp_path / "out-early" / "centers").exists()
+            assert not (tmp_path / "out-early" / "summary.json").exists()
         else:  # the same walk without releasing anything
             status = ingest.advance(spark)
             assert status["status"] == "awaiting" and status["round"] == r

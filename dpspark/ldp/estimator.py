@@ -177,6 +177,20 @@ class LocalDP:
         randomness = self.randomness or Randomness(self.seed)
         return self._ingest(spark, params, self._driver(params, randomness), {} if timings is None else timings, release=False)
 
+    def check_ready(self, spark, timings: dict | None = None) -> None:
+        """Ingest mode: publish every round whose inputs are in; raise AwaitingReports if one is missing.
+
+        The runner calls this BEFORE the ledger charge, so a run made too early charges nothing.
+        Publishing a round's parameters is post-processing of reports that are already
+        epsilon-LDP (each user charged themselves when they randomized). Simulate mode: no-op.
+        """
+        params = self._validated_params()
+        if params.mode != "ingest":
+            return
+        status = self.advance(spark, timings)
+        if status["status"] != "complete":
+            raise AwaitingReports(status["message"])
+
     def fit(self, df, timings: dict | None = None) -> ClusteringModel:
         params = self._validated_params()
         epsilon, delta = self.privacy_plan()

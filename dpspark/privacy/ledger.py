@@ -166,13 +166,16 @@ class Ledger:
     # -- reading ------------------------------------------------------------------
 
     def totals(self, input_path: str, budget_epsilon=None, budget_delta=None) -> LedgerTotals:
+        from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
-        row = (
-            self.spark.read.format("delta").load(self.path)
-            .where(F.col("entry_id") == _balance_id(input_path))
-            .select("epsilon", "delta").first()
-        )
+        row = None
+        if DeltaTable.isDeltaTable(self.spark, self.path):  # no ledger yet: nothing was ever charged
+            row = (
+                self.spark.read.format("delta").load(self.path)
+                .where(F.col("entry_id") == _balance_id(input_path))
+                .select("epsilon", "delta").first()
+            )
         return LedgerTotals(
             input_path=input_path,
             spent_epsilon=float(row["epsilon"]) if row else 0.0,
