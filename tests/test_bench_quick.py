@@ -1,4 +1,4 @@
-"""Smoke test of the two benchmark scripts' --quick modes (issue 7): they run end to end and write their tables.
+"""Smoke test of the benchmark scripts' --quick modes (issues 6, 7): they run end to end and write their tables.
 
 Runs each script as a subprocess with this interpreter (the project's venv). Budget: about 90 s in total
 (bench_scale --quick starts a local SparkSession; bench_utility --quick --no-peer is numpy only).
@@ -58,3 +58,18 @@ def test_bench_scale_quick(tmp_path):
         assert r["error"] == "", r
         assert float(r["wall_s"]) > 0 and float(r["jvm_peak_mb"]) > 0 and float(r["py_peak_mb"]) > 0
     assert (tmp_path / "results.md").exists() and (tmp_path / "time_vs_n.png").exists()
+
+
+def test_bench_ldp_quick(tmp_path):
+    _run([str(SCRIPTS / "bench_ldp.py"), "--quick", "--out", str(tmp_path)], timeout=180)
+    _, rows = _rows(tmp_path / "results.csv")
+    cells = {(r["dataset"], int(r["n"]), r["method"], float(r["epsilon"])) for r in rows}
+    expected = {(name, n, m, e) for name, n in (("synthetic", 2_000), ("synthetic", 5_000), ("skin_segmentation", 5_000))
+                for m in ("ldp", "maxcover_grid", "maxcover_private", "dplloyd_allocation_nk") for e in (1.0, 2.0, 4.0)}
+    assert cells == expected
+    for r in rows:  # every method spent exactly the epsilon it was given
+        assert float(r["epsilon_spent"]) == float(r["epsilon"]), r
+        assert float(r["cost_ratio"]) >= 0.99, r
+    md = (tmp_path / "summary.md").read_text()
+    assert "Exponent" in md and "ldp (local)" in md
+    assert (tmp_path / "error_vs_n.png").exists() and (tmp_path / "ratio_vs_n.png").exists()
