@@ -124,8 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny n, one run, not a measurement")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--runs", type=int, default=None, help="runs per cell (default 3; 1 with --quick)")
-    ap.add_argument("--central-max-n", type=int, default=1_000_000,
-                    help="run the central algorithms only up to this n (their numpy passes hold all pairs in memory)")
+    ap.add_argument("--central-max-n", type=int, default=100_000,
+                    help="run the central algorithms only up to this n (their numpy passes cost n x |V| per threshold; bench_scale times them on Spark at 10^6-10^7)")
     ap.add_argument("--datasets", nargs="*", default=None, choices=sorted(FULL_PLAN))
     ap.add_argument("--summarize-only", action="store_true", help="redo summary.md and the plots from results.csv")
     args = ap.parse_args(argv)

@@ -50,10 +50,11 @@ class LocalDP:
     name = "ldp"
 
     def __init__(self, k: int, epsilon: float, domain: Domain, features=("x", "y"), objective: str = "kmeans",
-                 mode: str = "simulate", protocol_path: str | None = None, reports_path: str | None = None,
-                 radii: int = 6, hashes: int = 2, buckets: int = 1024, projection_dim: int = 4,
-                 fractions=(0.5, 0.25, 0.25), heavy_z: float = 4.0, prune_z: float = 2.0,
-                 candidates_per_hash: int | None = None, privacy_unit: str | None = None,
+                 mode: str = LDPParams.mode, protocol_path: str | None = None, reports_path: str | None = None,
+                 radii: int = LDPParams.radii, hashes: int = LDPParams.hashes, buckets: int = LDPParams.buckets,
+                 projection_dim: int = LDPParams.projection_dim, fractions=LDPParams.fractions,
+                 heavy_z: float = LDPParams.heavy_z, prune_z: float = LDPParams.prune_z,
+                 candidates_per_hash: int | None = LDPParams.candidates_per_hash, privacy_unit: str | None = None,
                  seed: int | None = None, randomness: Randomness | None = None):
         self.k = k
         self.epsilon = epsilon

@@ -72,7 +72,7 @@ def validate_params(section, *, objective: str, k: int, dim: int, privacy) -> LD
             raise ConfigError(f"algorithm.{key}", f"unknown key for algorithm.name=ldp; allowed keys: {['name', 'objective', 'k', *KEYS]}")
     if objective not in ("kmeans", "kmedian"):
         raise ConfigError("algorithm.objective", f"{objective!r} is not supported by ldp; allowed: ['kmeans', 'kmedian']")
-    mode = section.string("mode", "simulate", choices=MODES)
+    mode = section.string("mode", LDPParams.mode, choices=MODES)
     protocol_path = section.string("protocol_path")
     reports_path = section.string("reports_path")
     if mode == "ingest":
@@ -85,12 +85,12 @@ def validate_params(section, *, objective: str, k: int, dim: int, privacy) -> LD
         mode=mode,
         protocol_path=protocol_path,
         reports_path=reports_path,
-        radii=section.integer("radii", 6, low=1, high=30),
-        hashes=section.integer("hashes", 2, low=1, high=64),
-        buckets=section.integer("buckets", 1024, low=2, high=4096),
-        projection_dim=section.integer("projection_dim", 4, low=1, high=64),
-        fractions=check_fractions("algorithm.fractions", fractions) if fractions is not None else (0.5, 0.25, 0.25),
-        heavy_z=section.number("heavy_z", 4.0, low=0.0, high=100.0),
-        prune_z=section.number("prune_z", 2.0, low=0.0, high=100.0),
+        radii=section.integer("radii", LDPParams.radii, low=1, high=30),
+        hashes=section.integer("hashes", LDPParams.hashes, low=1, high=64),
+        buckets=section.integer("buckets", LDPParams.buckets, low=2, high=4096),
+        projection_dim=section.integer("projection_dim", LDPParams.projection_dim, low=1, high=64),
+        fractions=check_fractions("algorithm.fractions", fractions) if fractions is not None else LDPParams.fractions,
+        heavy_z=section.number("heavy_z", LDPParams.heavy_z, low=0.0, high=100.0),
+        prune_z=section.number("prune_z", LDPParams.prune_z, low=0.0, high=100.0),
         candidates_per_hash=section.integer("candidates_per_hash", None, low=1, high=10_000),
     )

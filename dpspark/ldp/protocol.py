@@ -29,18 +29,21 @@ import numpy as np
 from dpspark import solvers
 from dpspark.ldp import oracle as olh
 from dpspark.ldp.client import MIX_PRIME, AssignRound, GoodCentersRound
+from dpspark.ldp.params import LDPParams as _P
 
 
 @dataclass(frozen=True)
 class Settings:
-    radii: int = 6
-    hashes: int = 2
-    buckets: int = 1024
-    projection_dim: int = 4
-    fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
-    heavy_z: float = 4.0
-    prune_z: float = 2.0
-    candidates_per_hash: int | None = None  # None: 4 k
+    """The server's protocol settings; the defaults are the config keys' (one place: ``LDPParams``)."""
+
+    radii: int = _P.radii
+    hashes: int = _P.hashes
+    buckets: int = _P.buckets
+    projection_dim: int = _P.projection_dim
+    fractions: tuple[float, float, float] = _P.fractions
+    heavy_z: float = _P.heavy_z
+    prune_z: float = _P.prune_z
+    candidates_per_hash: int | None = _P.candidates_per_hash  # None: 4 k
 
     def per_hash(self, k: int) -> int:
         return self.candidates_per_hash or 4 * k
