@@ -15,11 +15,17 @@ Uses ``matplotlib.figure.Figure`` with the Agg canvas directly: no pyplot, so
 no global figure state leaks between runs or tests.
 
 Public API: ``write_report(path, info)``; ``build_figure(info)`` returns the
-Figure (used by tests to inspect its texts).
+Figure (used by tests to inspect its texts); ``build_html(info, png)`` returns
+``report.html``: the same figure inlined, and the released values as tables
+(every center with its noisy weight, every charge, the ledger, parameters,
+timings) that a person can read, search and copy.
 """
 
 from __future__ import annotations
 
+import base64
+import html
+import json
 import math
 import os
 
@@ -28,7 +34,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-__all__ = ["write_report", "build_figure"]
+__all__ = ["write_report", "build_figure", "build_html"]
 
 NON_PRIVATE_LABEL = "NON-PRIVATE DIAGNOSTICS"
 
@@ -338,3 +344,72 @@ def _draw_text(ax, info, k, diagnostics):
             extra.append(f"  {key} = {_fmt(value) if isinstance(value, (int, float, np.number)) else value}")
         ax.text(0.0, 0.0, "\n".join(extra), transform=ax.transAxes, va="bottom", ha="left",
                 family="monospace", fontsize=9, color="red", fontweight="bold")
+
+
+# --------------------------------------------------------------------------
+# HTML page
+# --------------------------------------------------------------------------
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def build_html(info: dict, png: bytes | None = None) -> str:
+    """``report.html`` for one run: ``png`` (report.png's bytes) inlined, then tables of released values.
+
+    Post-processing of the same ``info`` as :func:`build_figure`; every value is HTML-escaped.
+    Diagnostics (non-private) are shown only when present, under a red NON-PRIVATE banner.
+    """
+    centers = np.asarray(info.get("centers") or [], dtype=float)
+    weights = [float(w) for w in (info.get("noisy_weights") or [])]
+    names = [str(f) for f in (info.get("feature_names") or [])]
+    if centers.ndim == 2 and len(names) != centers.shape[1]:
+        names = [f"x{i}" for i in range(centers.shape[1])]
+    title = (f"dpspark run {info.get('run_id', '?')}: {info.get('algorithm', '?')}, "
+             f"{info.get('objective', '?')}, k = {info.get('k', len(weights))}")
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f"<p class='spent'>privacy spent: &epsilon; = {html.escape(_fmt(info.get('epsilon_spent')))} of "
+             f"{html.escape(_fmt(info.get('epsilon_configured')))}, &delta; = {html.escape(_fmt(info.get('delta_spent')))} "
+             f"of {html.escape(_fmt(info.get('delta_configured')))}</p>"]
+    if info.get("seed_note"):
+        parts.append(f"<p class='warn'>{html.escape(str(info['seed_note']))}</p>")
+    diagnostics = info.get("diagnostics")
+    if diagnostics is not None:
+        parts.append(f"<p class='warn'>{NON_PRIVATE_LABEL}: computed from the data, do not publish</p>")
+    if png:
+        parts.append(f"<img alt='report.png' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+    rows = [[i, *(_fmt(v) for v in c), _fmt(w)] for i, (c, w) in enumerate(zip(centers.reshape(len(weights), -1), weights))]
+    parts += ["<h2>Released centers (original units) and noisy weights</h2>",
+              _table(["cluster", *names, "noisy weight"], rows)]
+    charges = info.get("charges") or []
+    parts += ["<h2>Privacy charges</h2>",
+              _table(["step", "epsilon", "delta", "rule"],
+                     [[c.get("step", ""), _fmt(c.get("epsilon")), _fmt(c.get("delta")), c.get("rule", "")] for c in charges])]
+    ledger = info.get("ledger")
+    parts.append("<h2>Ledger (this input, all runs including this one)</h2>")
+    if ledger is None:
+        parts.append("<p>no ledger configured</p>")
+    else:
+        lrows = []
+        for key in ("epsilon", "delta"):
+            spent, budget = ledger.get(f"spent_{key}"), ledger.get(f"budget_{key}")
+            remaining = None if budget is None or spent is None else float(budget) - float(spent)
+            lrows.append([key, _fmt(spent), "no cap" if budget is None else _fmt(budget), _fmt(remaining)])
+        parts.append(_table(["", "spent", "budget", "remaining"], lrows))
+    params = info.get("parameters") or {}
+    parts += ["<h2>Parameters (public)</h2>",
+              _table(["key", "value"], [[k, v if isinstance(v, str) else json.dumps(v, default=str)] for k, v in params.items()])]
+    timings = info.get("timings") or {}
+    parts += ["<h2>Timings</h2>", _table(["step", "seconds"], [[k, f"{float(v):.2f}"] for k, v in timings.items() if v is not None])]
+    if diagnostics is not None:
+        parts += [f"<h2 class='warn'>{NON_PRIVATE_LABEL} (not differentially private)</h2>",
+                  _table(["key", "value"], [[k, _fmt(v) if isinstance(v, (int, float, np.number)) else v]
+                                            for k, v in diagnostics.items() if k != "data_sample"])]
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;margin:0.5em 0 1.5em}"
+             " td,th{border:1px solid #bbb;padding:3px 8px;text-align:left;font-size:13px} img{max-width:100%}"
+             " .warn{color:#b00;font-weight:bold} .spent{font-size:18px}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")

@@ -61,6 +61,7 @@ def output_paths(output_path: str) -> dict:
         "runs": f"{base}/runs",
         "summary": f"{base}/summary.json",
         "report": f"{base}/report.png",
+        "report_html": f"{base}/report.html",
     }
 
 
@@ -155,14 +156,14 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             "parameters": model.parameters, "input": {"path": input_path, "format": config.input.format, "version": version},
             "ledger": _ledger_view(ledger_totals, plan_eps, plan_delta),
             "randomness": randomness.describe(),
-            "outputs": dict(paths) if config.output.report else {k: v for k, v in paths.items() if k != "report"},
+            "outputs": dict(paths) if config.output.report else {k: v for k, v in paths.items() if not k.startswith("report")},
         }
         if diagnostics is not None:
             summary["non_private_diagnostics"] = {k: v for k, v in diagnostics.items() if k != "data_sample"}
         if config.output.report:
             with step("write report.png", timings):
-                _write_report(spark, paths["report"], summary, timings, diagnostics)
-                wrote_report = True
+                wrote_report = True  # from here a failure deletes report.png and report.html
+                _write_report(spark, paths["report"], paths["report_html"], summary, timings, diagnostics)
         summary["timings"] = _phase_timings(timings, config.algorithm.name)
         record.update(status="succeeded", ended_at=_now())
         with step("write runs table and summary.json", timings):
@@ -218,12 +219,13 @@ def _cleanup(spark, paths, run_id, wrote_report):
         tables.delete_run_rows(spark, paths["centers"], run_id)
         if wrote_report:
             tables.delete_file(spark, paths["report"])
+            tables.delete_file(spark, paths["report_html"])
     except Exception:
         log.error("cleanup after a failed run left something behind:\n%s", traceback.format_exc())
 
 
-def _write_report(spark, path, summary, timings, diagnostics):
-    from dpspark.report import write_report
+def _write_report(spark, path, html_path, summary, timings, diagnostics):
+    from dpspark.report import build_html, write_report
 
     info = {
         "run_id": summary["run_id"], "algorithm": summary["algorithm"], "objective": summary["objective"],
@@ -238,7 +240,9 @@ def _write_report(spark, path, summary, timings, diagnostics):
         local = os.path.join(tmp, "report.png")
         write_report(local, info)
         with open(local, "rb") as handle:
-            tables.write_bytes(spark, path, handle.read())
+            png = handle.read()
+    tables.write_bytes(spark, path, png)
+    tables.write_bytes(spark, html_path, build_html(info, png).encode("utf-8"))
 
 
 def _diagnostics(spark, model, df) -> dict:

@@ -34,19 +34,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--max-rows", type=int, default=10000)
+    ap.add_argument("--datasets", nargs="*", default=DATASETS)
+    ap.add_argument("--epsilons", nargs="*", type=float, default=EPSILONS)
+    ap.add_argument("--settings", default=",".join(f"{s}:{c:g}" for s, c in SETTINGS),
+                    help="comma-separated scales:share pairs, e.g. 5:0.2,3:0.4")
     ap.add_argument("--out", type=Path, default=bc.ROOT / "bench" / "results" / "maxcover" / "tuning.md")
     args = ap.parse_args(argv)
     from dpspark.maxcover.estimator import MaxCover
 
+    settings = [(int(a), float(b)) for a, b in (item.split(":") for item in args.settings.split(","))]
+
     t0 = time.perf_counter()
-    header = ["dataset (n, k)", "eps"] + [f"L={s}, c={c:g}" for s, c in SETTINGS]
-    table, wins = [], {st: 0 for st in SETTINGS}
-    for name in DATASETS:
+    header = ["dataset (n, k)", "eps"] + [f"L={s}, c={c:g}" for s, c in settings]
+    table, wins = [], {st: 0 for st in settings}
+    for name in args.datasets:
         ds = bu.load_dataset(name, args.max_rows)
         _, base = bc.nonprivate_baseline(ds["unit"], ds["k"])
-        for eps in EPSILONS:
+        for eps in args.epsilons:
             meds = []
-            for scales, share in SETTINGS:
+            for scales, share in settings:
                 ratios = []
                 for r in range(args.reps):
                     est = MaxCover(k=ds["k"], epsilon=eps, delta=bu.DELTA, domain=bu.domain_of(ds),
@@ -56,15 +62,15 @@ def main(argv=None) -> int:
                     centers, *_ = bu.fit_numpy(est, ds["x"])
                     ratios.append(bc.kmeans_cost(ds["unit"], bc.scale_unit(centers, ds["lo"], ds["hi"])) / base)
                 meds.append(float(np.median(ratios)))
-            wins[SETTINGS[int(np.argmin(meds))]] += 1
+            wins[settings[int(np.argmin(meds))]] += 1
             table.append([f"{name} ({len(ds['x'])}, {ds['k']})", f"{eps:g}"] + [f"{m:.3g}" for m in meds])
             print(" | ".join(table[-1]), flush=True)
     lines = ["# maxcover private candidates: scales L x candidate share c", "",
-             f"Command: `python scripts/tune_maxcover_candidates.py --reps {args.reps} --max-rows {args.max_rows}`; "
+             f"Command: `python scripts/tune_maxcover_candidates.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"{time.perf_counter() - t0:.0f} s. Median cost ratio to non-private over {args.reps} seeded runs "
              "(k-means objective, delta = 1e-6, candidate_count 1000; the rest of epsilon split evenly between "
              "coverage and counts).", "",
-             bc.markdown_table(header, table, ["l", "r"] + ["r"] * len(SETTINGS)), "",
+             bc.markdown_table(header, table, ["l", "r"] + ["r"] * len(settings)), "",
              "Best setting per (dataset, eps): " + ", ".join(f"L={s}, c={c:g}: {w}" for (s, c), w in wins.items())]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

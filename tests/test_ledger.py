@@ -76,7 +76,7 @@ def test_failed_run_stays_charged_and_leaves_no_result(spark, tmp_path, write_de
     assert main(["run", "--config", cfg, "--run-id", "doomed"], spark=spark) == 1
     out = c["output"]["path"]
     assert not os.path.exists(os.path.join(out, "summary.json"))
-    assert not os.path.exists(os.path.join(out, "report.png"))
+    assert not os.path.exists(os.path.join(out, "report.png")) and not os.path.exists(os.path.join(out, "report.html"))
     assert spark.read.format("delta").load(out + "/centers").where("run_id = 'doomed'").count() == 0
     run = spark.read.format("delta").load(out + "/runs").first()
     assert run.status == "failed" and "disk full" in run.error and run.epsilon_spent == pytest.approx(1.0)

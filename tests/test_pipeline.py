@@ -90,6 +90,10 @@ def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_de
     assert run.status == "succeeded" and abs(run.epsilon_spent - 1.0) < 1e-9 and run.seed == 7 and run.private is False
     with open(out + "/report.png", "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    page = open(out + "/report.html", encoding="utf-8").read()
+    assert summary["outputs"]["report_html"].endswith("/report.html")
+    assert "data:image/png;base64," in page and "NOT private" in page  # seed 7: the page says so
+    assert page.count("<tr>") >= 1 + 3 + 1 + len(summary["charges"])  # centers, charges rows
 
 
 def test_same_run_id_twice_leaves_one_set_of_rows(spark, tmp_path, write_delta):

@@ -7,7 +7,7 @@ import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.text import Text
 
-from dpspark.report import NON_PRIVATE_LABEL, build_figure, write_report
+from dpspark.report import NON_PRIVATE_LABEL, _fmt, build_figure, build_html, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -189,3 +189,22 @@ def test_many_charges_are_grouped_with_exact_totals():
     assert len(grouped) == 12 and grouped[0]["step"] == "iteration 1/12"
     assert sum(g["epsilon"] for g in grouped) == pytest.approx(0.5, abs=1e-12)
     assert _group_charges(charges[:5]) == charges[:5]
+
+
+def test_html_page_lists_every_released_value_and_escapes_names():
+    info = make_info(d=3, k=5, seed_note="fixed seed: a testing aid, NOT private")
+    info["feature_names"] = ["<script>alert(1)</script>", "b", "c"]
+    page = build_html(info, png=PNG_MAGIC + b"rest")
+    assert "<script>alert" not in page and "&lt;script&gt;" in page
+    assert "data:image/png;base64,iVBORw0KGgpyZXN0" in page  # the PNG bytes, inlined
+    for w in info["noisy_weights"]:
+        assert f"<td>{_fmt(w)}</td></tr>" in page  # last cell of each center row
+    assert page.count("iteration ") == 12  # every charge, none grouped away
+    assert "NOT private" in page and "remaining" in page
+    assert NON_PRIVATE_LABEL not in page
+
+
+def test_html_page_marks_diagnostics_and_omits_the_data_sample():
+    page = build_html(make_info(diagnostics=True))
+    assert page.count(NON_PRIVATE_LABEL) == 2 and "true_cost" in page and "data_sample" not in page
+    assert "no ledger configured" in build_html(make_info(ledger=False))
