@@ -38,6 +38,7 @@ import resource
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -132,6 +133,25 @@ def run_job(job: str, spark, df, domain, features, seed_base: int, tiny: bool = 
     raise ValueError(job)
 
 
+def _read_rows(path: Path) -> list[dict]:
+    rows = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            r = dict(r)
+            r["n"], r["d"] = int(r["n"]), int(r["d"])
+            for key in ("wall_s", "py_peak_mb", "jvm_peak_mb", "us_per_point", "epsilon_spent"):
+                r[key] = float(r[key]) if r.get(key) not in ("", None) else float("nan")
+            rows.append(r)
+    return rows
+
+
+def _merge(previous: list[dict], new: list[dict]) -> list[dict]:
+    """``previous`` rows not re-measured in ``new``, then ``new``; ordered by d, n, job."""
+    seen = {(r["n"], r["d"], r["job"]) for r in new}
+    rows = [r for r in previous if (r["n"], r["d"], r["job"]) not in seen] + list(new)
+    return sorted(rows, key=lambda r: (r["d"], r["n"], JOBS.index(r["job"]) if r["job"] in JOBS else 99))
+
+
 def fit_slope(ns, ts) -> float:
     ns, ts = np.asarray(ns, float), np.asarray(ts, float)
     ok = np.isfinite(ts) & (ts > 0)
@@ -155,7 +175,7 @@ def write_outputs(results, args, out_dir: Path, py_lifetime_mb: float, jvm_pid, 
     fig, axes = plt.subplots(1, len(ds), figsize=(6 * len(ds), 4.5), squeeze=False)
     slopes = {}
     for ax, d in zip(axes[0], ds):
-        for job in args.jobs:
+        for job in [j for j in JOBS if any(r["job"] == j for r in results)]:
             rs = sorted((r for r in results if r["d"] == d and r["job"] == job and not r["error"]), key=lambda r: r["n"])
             if not rs:
                 continue
@@ -177,9 +197,10 @@ def write_outputs(results, args, out_dir: Path, py_lifetime_mb: float, jvm_pid, 
 
     m = bc.machine_description()
     md = ["# Scaling benchmark: dpspark families vs Spark MLlib KMeans", ""]
-    md.append(f"Command: `{args.command}`; total {elapsed:.0f} s. Machine: {m['nproc']} CPUs ({m['cpu']}), "
-              f"{m['memory_gb']} GB, Spark master `local[2]`, driver memory 4g, conf {SPARK_CONF}, one SparkSession "
-              f"for all jobs. Shared machine: load average {os.getloadavg()[0]:.1f} at the end, so absolute times are noisy "
+    commands = "; then ".join(f"`{c}`" for c in getattr(args, "commands", [args.command]))
+    md.append(f"Command: {commands}; total {elapsed:.0f} s (last command). Machine: {m['nproc']} CPUs ({m['cpu']}), "
+              f"{m['memory_gb']} GB, Spark master `local[2]`, driver memory {getattr(args, 'driver_memory', '?')}, "
+              f"conf {SPARK_CONF}, one SparkSession per command. Load average {os.getloadavg()[0]:.1f} at the end "
               f"(one repetition per cell).")
     md.append("")
     md.append(f"Data: Gaussian mixture of {K} components (means uniform in [-{0.6 * BOX:g}, {0.6 * BOX:g}]^d, sigma {SIGMA}), "
@@ -213,7 +234,8 @@ def write_outputs(results, args, out_dir: Path, py_lifetime_mb: float, jvm_pid, 
               "script's docstring). cost / cost(true means): k-means cost on a sample of up to 2e5 rows in the unit "
               "space of the public box, relative to the mixture's true means (utility sanity check, not timed).")
     (out_dir / "results.md").write_text("\n".join(md) + "\n")
-    (out_dir / "meta.json").write_text(json.dumps({"command": args.command, "machine": m, "elapsed_s": elapsed,
+    (out_dir / "meta.json").write_text(json.dumps({"command": args.command, "commands": getattr(args, "commands", [args.command]),
+                                                   "machine": m, "elapsed_s": elapsed,
                                                    "slopes": {f"d={d} {j}": s for (d, j), s in slopes.items()},
                                                    "py_lifetime_maxrss_mb": py_lifetime_mb}, indent=1))
 
@@ -229,6 +251,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=2024)
     ap.add_argument("--no-utility", action="store_true", help="skip the cost sanity check")
     ap.add_argument("--note", default="", help="a sentence added to the report (e.g. what was cut)")
+    ap.add_argument("--append", action="store_true",
+                    help="merge with the scale.csv already in --out (rows of the same n, d, job are replaced)")
+    ap.add_argument("--job-timeout", type=float, default=None,
+                    help="cancel a job's Spark jobs after this many seconds; the row records the timeout")
     args = ap.parse_args(argv)
     args.command = "python scripts/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.quick:
@@ -246,7 +272,15 @@ def main(argv=None) -> int:
     from dpspark.session import build_session
 
     t_start = time.perf_counter()
+    previous, args.commands = [], [args.command]
+    if args.append and (args.out / "scale.csv").exists():
+        previous = _read_rows(args.out / "scale.csv")
+        meta_path = args.out / "meta.json"
+        if meta_path.exists():
+            old_meta = json.loads(meta_path.read_text())
+            args.commands = list(old_meta.get("commands") or [old_meta.get("command", "?")]) + [args.command]
     spark = build_session(master="local[2]", app_name="dpspark-bench-scale", testing=True, conf=SPARK_CONF)
+    args.driver_memory = spark.sparkContext.getConf().get("spark.driver.memory", "?")
     jvm = find_jvm(os.getpid())
     workdir = Path(tempfile.mkdtemp(prefix="dpspark_bench_scale_"))
     results = []
@@ -274,14 +308,25 @@ def main(argv=None) -> int:
                 sample = None
                 for job in args.jobs:
                     row = {"n": n, "d": d, "job": job, "error": "", "cost_ratio_vs_true_means": ""}
+                    timer = None
+                    if args.job_timeout:
+                        timer = threading.Timer(args.job_timeout, spark.sparkContext.cancelAllJobs)
+                        timer.daemon = True
                     with PeakMemory(jvm) as mem:
                         t0 = time.perf_counter()
+                        if timer is not None:
+                            timer.start()
                         try:
                             centers, passes, source, eps_spent = run_job(job, spark, df, domain, features, args.seed, tiny=args.quick)
                         except Exception as exc:
                             centers, passes, source, eps_spent = None, "", "", float("nan")
                             row["error"] = repr(exc)[:300]
+                        finally:
+                            if timer is not None:
+                                timer.cancel()
                         wall = time.perf_counter() - t0
+                    if row["error"] and args.job_timeout and wall >= args.job_timeout:
+                        row["error"] = f"timed out: Spark jobs cancelled after {args.job_timeout:.0f} s"
                     row.update(wall_s=wall, spark_passes=passes, passes_source=source, py_peak_mb=mem.py_peak_mb,
                                jvm_peak_mb=mem.jvm_peak_mb, us_per_point=wall / n * 1e6, epsilon_spent=eps_spent)
                     if centers is not None and not (args.no_utility or args.quick):
@@ -296,14 +341,14 @@ def main(argv=None) -> int:
                           f"jvm {mem.jvm_peak_mb:.0f} MB {row['error']}", flush=True)
                 shutil.rmtree(path, ignore_errors=True)
                 # Partial report after every (n, d): a cut-short run still leaves its tables.
-                write_outputs(results, args, args.out, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, jvm,
-                              time.perf_counter() - t_start)
+                write_outputs(_merge(previous, results), args, args.out,
+                              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, jvm, time.perf_counter() - t_start)
     finally:
         py_lifetime_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.perf_counter() - t_start
-    write_outputs(results, args, args.out, py_lifetime_mb, jvm, elapsed)
+    write_outputs(_merge(previous, results), args, args.out, py_lifetime_mb, jvm, elapsed)
     print(f"bench_scale: wrote {args.out}/results.md and scale.csv in {elapsed:.0f} s")
     return 0 if all(not r["error"] for r in results) else 1
 
