@@ -2,7 +2,7 @@
 """Benchmark of the ldp family (issue 6): utility vs n and epsilon, the central algorithms at the
 same epsilon, and the measured exponent of the additive error.
 
-    .venv/bin/python scripts/bench_ldp.py                  # full run (about an hour on 2 cores)
+    .venv/bin/python scripts/bench_ldp.py                  # full run (1-2 hours on 2 cores; the central numpy passes dominate)
     .venv/bin/python scripts/bench_ldp.py --quick --out /tmp/l   # smoke: n = 2e3, 5e3; 1 run
     .venv/bin/python scripts/bench_ldp.py --summarize-only # redo summary.md and plots from results.csv
 

@@ -3,10 +3,11 @@
 
     .venv/bin/python scripts/tune_maxcover_candidates.py [--reps 4] [--out bench/results/maxcover/tuning.md]
 
-For every dataset, epsilon and setting, runs ``MaxCover(objective="kmeans", candidates="private")`` with
+Datasets: names from bench_utility, or ``mixture<n>`` (e.g. ``mixture1e6``: 10 Gaussian components in the
+public box [-10, 10]^2, bench_scale's kind of data). For every dataset, epsilon and setting, runs ``MaxCover(objective="kmeans", candidates="private")`` with
 ``candidate_scales`` = L and ``eps_candidates`` = c (the rest of epsilon split evenly between the
 coverage loop and the counts), through ``bench_utility.fit_numpy`` (the estimator's own driver code,
-numpy aggregation), seeded noise (run r uses seed 500 + r), and reports the median cost ratio to
+numpy aggregation; ``--engine spark``: ``fit(df)`` on Spark), seeded noise (run r uses seed 500 + r), and reports the median cost ratio to
 non-private k-means++ (best of 10) in the unit space, with public min/max bounds (benchmark convention).
 """
 
@@ -30,6 +31,16 @@ EPSILONS = [0.5, 1.0, 2.0]
 SETTINGS = [(5, 0.2), (3, 0.2), (2, 0.2), (5, 0.4), (3, 0.4), (2, 0.4)]  # (scales, candidate share); (5, 0.2) = old default
 
 
+def synthetic_mixture(name: str) -> dict:
+    """``mixture<n>``: bench_scale's kind of data in d = 2 (10 components, sigma 1.5, public box [-10, 10]^2)."""
+    n = int(float(name[len("mixture"):]))
+    rng = np.random.default_rng([2024, 2])
+    means = rng.uniform(-6.0, 6.0, size=(10, 2))
+    x = np.clip(means[rng.integers(0, 10, size=n)] + rng.normal(0.0, 1.5, size=(n, 2)), -10.0, 10.0)
+    lo, hi = np.full(2, -10.0), np.full(2, 10.0)
+    return {"name": name, "x": x, "unit": bc.scale_unit(x, lo, hi), "lo": lo, "hi": hi, "k": 10}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=4)
@@ -38,18 +49,31 @@ def main(argv=None) -> int:
     ap.add_argument("--epsilons", nargs="*", type=float, default=EPSILONS)
     ap.add_argument("--settings", default=",".join(f"{s}:{c:g}" for s, c in SETTINGS),
                     help="comma-separated scales:share pairs, e.g. 5:0.2,3:0.4")
+    ap.add_argument("--engine", choices=["numpy", "spark"], default="numpy",
+                    help="spark: estimator.fit(df) on a cached DataFrame in one local[2] session (large n)")
     ap.add_argument("--out", type=Path, default=bc.ROOT / "bench" / "results" / "maxcover" / "tuning.md")
     args = ap.parse_args(argv)
     from dpspark.maxcover.estimator import MaxCover
 
     settings = [(int(a), float(b)) for a, b in (item.split(":") for item in args.settings.split(","))]
 
+    spark = None
+    if args.engine == "spark":
+        from dpspark.session import build_session
+
+        spark = build_session(master="local[2]", app_name="dpspark-tune", testing=True)
     t0 = time.perf_counter()
     header = ["dataset (n, k)", "eps"] + [f"L={s}, c={c:g}" for s, c in settings]
     table, wins = [], {st: 0 for st in settings}
     for name in args.datasets:
-        ds = bu.load_dataset(name, args.max_rows)
-        _, base = bc.nonprivate_baseline(ds["unit"], ds["k"])
+        ds = synthetic_mixture(name) if name.startswith("mixture") else bu.load_dataset(name, args.max_rows)
+        _, base = bc.nonprivate_baseline(ds["unit"], ds["k"], n_init=10 if len(ds["x"]) <= 200_000 else 2)
+        df = None
+        if spark is not None:
+            import pandas as pd
+
+            df = spark.createDataFrame(pd.DataFrame(ds["x"], columns=[f"f{j}" for j in range(ds["x"].shape[1])])).repartition(4).cache()
+            df.count()
         for eps in args.epsilons:
             meds = []
             for scales, share in settings:
@@ -59,12 +83,14 @@ def main(argv=None) -> int:
                                    features=tuple(f"f{j}" for j in range(ds["x"].shape[1])), objective="kmeans",
                                    candidates="private", candidate_scales=scales, eps_candidates=share,
                                    eps_coverage=(1 - share) / 2, eps_counts=(1 - share) / 2, seed=500 + r)
-                    centers, *_ = bu.fit_numpy(est, ds["x"])
+                    centers = est.fit(df).centers if df is not None else bu.fit_numpy(est, ds["x"])[0]
                     ratios.append(bc.kmeans_cost(ds["unit"], bc.scale_unit(centers, ds["lo"], ds["hi"])) / base)
                 meds.append(float(np.median(ratios)))
             wins[settings[int(np.argmin(meds))]] += 1
             table.append([f"{name} ({len(ds['x'])}, {ds['k']})", f"{eps:g}"] + [f"{m:.3g}" for m in meds])
             print(" | ".join(table[-1]), flush=True)
+        if df is not None:
+            df.unpersist()
     lines = ["# maxcover private candidates: scales L x candidate share c", "",
              f"Command: `python scripts/tune_maxcover_candidates.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"{time.perf_counter() - t0:.0f} s. Median cost ratio to non-private over {args.reps} seeded runs "
