@@ -207,7 +207,7 @@ def test_total_charge_equals_epsilon_and_delta(blob_df, candidate_table, mode):
     cov = next(c for c in model.charges if c["step"] == core.COVERAGE_LABEL)
     if mode == "private":
         assert len(steps) == 2 + 5  # five scales
-        assert math.isclose(cov["epsilon"], 0.4 * 3.0) and math.isclose(cov["delta"], DELTA / 2)
+        assert math.isclose(cov["epsilon"], 0.3 * 3.0) and math.isclose(cov["delta"], DELTA / 2)
     else:
         assert len(steps) == 2
         assert math.isclose(cov["epsilon"], 1.5) and cov["delta"] == DELTA
@@ -253,7 +253,7 @@ def _config(tmp_path, data_path, **algorithm):
 def test_config_validation(tmp_path):
     cfg = _config(tmp_path, "data/none")
     params = load_config(cfg).algorithm.params
-    assert (params.candidates, params.solver, params.eps_candidates, params.eps_coverage, params.eps_counts) == ("private", "weighted_kmeans", 0.2, 0.4, 0.4)
+    assert (params.candidates, params.solver, params.eps_candidates, params.eps_coverage, params.eps_counts) == ("private", "weighted_kmeans", 0.4, 0.3, 0.3)
     params = load_config(cfg, ["algorithm.objective=kmedian", "algorithm.candidates=grid"]).algorithm.params
     assert (params.solver, params.eps_candidates, params.eps_coverage, params.delta_candidates) == ("weiszfeld", 0.0, 0.5, 0.0)
     params = load_config(cfg, ["algorithm.objective=kmedian", "algorithm.candidates=table", "algorithm.candidate_table=t"]).algorithm.params
@@ -268,7 +268,7 @@ def test_config_validation(tmp_path):
         "algorithm.solver=weiszfeld": "algorithm.solver",
         "algorithm.coverage_approx=1.5": "algorithm.coverage_approx",
         "algorithm.bogus=1": "algorithm.bogus",
-        "privacy.epsilon=100": "algorithm.eps_coverage",
+        "privacy.epsilon=1000": "algorithm.eps_coverage",
     }
     for override, key in bad.items():
         with pytest.raises(ConfigError) as err:

@@ -37,7 +37,8 @@ import numpy as np
 from dpspark import solvers, tables
 from dpspark.maxcover import candidates as cand_mod
 from dpspark.maxcover import core
-from dpspark.maxcover.params import CANDIDATE_MODES, SOLVERS, MaxCoverParams, budget_split, default_solver
+from dpspark.maxcover.params import (CANDIDATE_MODES, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC, SOLVERS, MaxCoverParams,
+                                     budget_split, default_solver)
 from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
 from dpspark.model import ClusteringModel
 from dpspark.privacy.accountant import Accountant
@@ -122,7 +123,7 @@ class MaxCover:
         if self.n_upper is not None and not is_int(self.n_upper, 1):
             raise ValueError(f"n_upper={self.n_upper!r} should be an integer >= 1 or None")
         private = self.candidates == "private"
-        default = (0.2, 0.4, 0.4) if private else (0.0, 0.5, 0.5)
+        default = DEFAULT_SPLIT_PRIVATE if private else DEFAULT_SPLIT_PUBLIC
         given = (self.eps_candidates, self.eps_coverage, self.eps_counts)
         split = tuple(default[i] if v is None else v for i, v in enumerate(given))
         if not private and self.eps_candidates is None:

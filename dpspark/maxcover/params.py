@@ -30,7 +30,9 @@ key                    meaning                                                  
                        above it that threshold runs exact per-pick passes
 =====================  =========================================================  =================
 
-Default epsilon split: private candidates 0.2 / coverage 0.4 / counts 0.4; public
+Default epsilon split: private candidates 0.4 / coverage 0.3 / counts 0.3 (measured:
+bench/results/maxcover/tuning.md: better than the earlier 0.2 / 0.4 / 0.4 in 9 of 12
+small-n cells and at n = 10^5-10^6, 4-10% worse at epsilon 0.5 on three datasets); public
 candidates (table, grid, random) coverage 0.5 / counts 0.5. The fractions must sum
 to 1. Default solver: kmeans ``weighted_kmeans``; kmedian ``local_search`` with
 table candidates, ``weiszfeld`` otherwise.
@@ -55,7 +57,7 @@ KEYS = (
     "eps_split", "eps_candidates", "eps_coverage", "eps_counts", "delta_candidates",
     "n_upper", "solver", "max_signatures",
 )
-DEFAULT_SPLIT_PRIVATE = (0.2, 0.4, 0.4)  # candidates, coverage, counts
+DEFAULT_SPLIT_PRIVATE = (0.4, 0.3, 0.3)  # candidates, coverage, counts
 DEFAULT_SPLIT_PUBLIC = (0.0, 0.5, 0.5)
 MAX_GRID_POINTS = 1_000_000
 SPLIT_TOL = 1e-9
@@ -68,9 +70,9 @@ class MaxCoverParams:
     candidate_count: int = 1000
     candidate_scales: int = 5
     coverage_approx: float = 0.5
-    eps_candidates: float = 0.2  # fractions of privacy.epsilon
-    eps_coverage: float = 0.4
-    eps_counts: float = 0.4
+    eps_candidates: float = DEFAULT_SPLIT_PRIVATE[0]  # fractions of privacy.epsilon
+    eps_coverage: float = DEFAULT_SPLIT_PRIVATE[1]
+    eps_counts: float = DEFAULT_SPLIT_PRIVATE[2]
     delta_candidates: float = 0.5  # fraction of privacy.delta (private candidates only)
     n_upper: int | None = None
     solver: str = "weiszfeld"
