@@ -101,8 +101,9 @@ def _print_result(result) -> None:
     for center, weight in zip(s["centers"], s["noisy_weights"]):
         print("  " + "  ".join(f"{v:12.5g}" for v in center) + f"  {weight:12.1f}")
     print("outputs:")
+    width = max((len(key) for key in s["outputs"]), default=0)
     for key, path in s["outputs"].items():
-        print(f"  {key:8s} {path}")
+        print(f"  {key:{width}s} {path}")
 
 
 if __name__ == "__main__":
