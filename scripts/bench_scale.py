@@ -23,8 +23,10 @@ code path, marked ``~``), peak driver memory from the OS: the Python driver's pe
 way), time per point. A log-log plot of wall time against n per job with the least-squares slope.
 
     .venv/bin/python scripts/bench_scale.py --quick --out /tmp/s       # smoke: n in {2e4, 5e4}, d=2
-    .venv/bin/python scripts/bench_scale.py --n 1e5 1e6 --d 2 10        # what fits on 2 cores in ~30 min
-    .venv/bin/python scripts/bench_scale.py                             # n = 1e5, 1e6, 1e7; d = 2, 10
+    .venv/bin/python scripts/bench_scale.py --n 1e5 1e6 --d 2 10        # about 6 min on 2 quiet cores
+    DPSPARK_DRIVER_MEMORY=12g .venv/bin/python scripts/bench_scale.py --job-timeout 600
+                                                                        # n = 1e5, 1e6, 1e7; d = 2, 10: about 30 min
+    .venv/bin/python scripts/bench_scale.py --n 1e7 --d 10 --append     # re-measure cells, merge into the tables
 """
 
 from __future__ import annotations
