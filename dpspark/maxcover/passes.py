@@ -376,7 +376,9 @@ class SparkCoverage:
         if hist is None:
             log.warning(
                 "maxcover: threshold %d has more than max_signatures=%d distinct cover signatures; "
-                "falling back to exact per-pick passes for this threshold", i + 1, self.max_signatures,
+                "falling back to exact per-pick passes for this threshold (one pass over the data per pick: slow "
+                "at large n in high dimension; a smaller algorithm.candidate_count or a larger "
+                "algorithm.max_signatures, with driver memory to match, avoids it)", i + 1, self.max_signatures,
             )
             self.fallback_thresholds.append(i)
             self.histogram_sizes.append(-1)
