@@ -51,7 +51,8 @@ def _is_conflict(exc: Exception) -> bool:
         "Concurrent", "ProtocolChanged", "MetadataChanged", "DELTA_CONCURRENT", "already exists",
         "DELTA_TABLE_ALREADY_EXISTS", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED",
         # another run is creating the ledger right now: its first commit is not there yet
-        "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION",
+        # (seen as either error; DELTA_TABLE_NOT_FOUND in a fresh-clone run, two CLI runs at once)
+        "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "DELTA_TABLE_NOT_FOUND",
     ))
 
 
@@ -106,7 +107,6 @@ class Ledger:
         """Charge (epsilon, delta) to ``input_path``, or raise ``BudgetRefused`` (recording the refusal)."""
         from pyspark.sql import functions as F
 
-        table = self._ensure_table()
         source = self.spark.createDataFrame(
             [(_balance_id(input_path), "balance", input_path, None, None, float(epsilon), float(delta), "total", self._now())],
             SCHEMA,
@@ -122,6 +122,7 @@ class Ledger:
         charged = False
         for attempt in range(MAX_ATTEMPTS):
             try:
+                table = self._ensure_table()  # again on a retry: a half-created ledger is seen afresh
                 metrics = (
                     table.alias("t")
                     .merge(source, "t.entry_id = s.entry_id")
