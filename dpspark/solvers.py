@@ -131,23 +131,20 @@ def _validate(
         _check_int(max_iter, "max_iter", 1)
     if check_rng and not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng should be a numpy.random.Generator, got {type(rng).__name__}")
-    ctr = None
-    if centers is not None:
-        ctr = _check_points(centers, "centers")
-        if ctr.shape[1] != pts.shape[1]:
-            raise ValueError(
-                f"centers shape {ctr.shape} does not match points shape {pts.shape}: "
-                f"both need the same number of columns d"
-            )
-    cand = None
-    if candidates is not None:
-        cand = _check_points(candidates, "candidates")
-        if cand.shape[1] != pts.shape[1]:
-            raise ValueError(
-                f"candidates shape {cand.shape} does not match points shape {pts.shape}: "
-                f"both need the same number of columns d"
-            )
-    return pts, w, ctr, cand
+    return pts, w, _check_like(centers, "centers", pts), _check_like(candidates, "candidates", pts)
+
+
+def _check_like(arr, name: str, pts: np.ndarray):
+    """None, or ``arr`` checked as points with the same number of columns as ``pts``."""
+    if arr is None:
+        return None
+    out = _check_points(arr, name)
+    if out.shape[1] != pts.shape[1]:
+        raise ValueError(
+            f"{name} shape {out.shape} does not match points shape {pts.shape}: "
+            f"both need the same number of columns d"
+        )
+    return out
 
 
 # --------------------------------------------------------------------------

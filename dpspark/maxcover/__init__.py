@@ -5,42 +5,7 @@
 ``dpspark.privacy`` only, never pyspark.
 """
 
-from dpspark.maxcover.core import (
-    COVERAGE_LABEL,
-    COVERAGE_RULE,
-    SNAP_LABEL,
-    NumpySignatureProvider,
-    chosen_candidate_ids,
-    cost_matrix,
-    cover_bruteforce,
-    cover_from_signatures,
-    coverage_epsilon,
-    grid_candidates,
-    noisy_weights,
-    picks_per_threshold,
-    random_candidates,
-    run_coverage,
-    signatures_to_csr,
-    snap_counts,
-    thresholds,
-)
+from dpspark.maxcover import core
+from dpspark.maxcover.core import *  # noqa: F401,F403  the driver-side API, re-exported
 
-__all__ = [
-    "COVERAGE_LABEL",
-    "COVERAGE_RULE",
-    "SNAP_LABEL",
-    "NumpySignatureProvider",
-    "chosen_candidate_ids",
-    "cost_matrix",
-    "cover_bruteforce",
-    "cover_from_signatures",
-    "coverage_epsilon",
-    "grid_candidates",
-    "noisy_weights",
-    "picks_per_threshold",
-    "random_candidates",
-    "run_coverage",
-    "signatures_to_csr",
-    "snap_counts",
-    "thresholds",
-]
+__all__ = list(core.__all__)
