@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from dpspark import solvers
+from dpspark.dplloyd.kernels import exact_aggregates  # the executors run it too
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.fixedpoint import SCALE
@@ -176,29 +177,6 @@ def run_lloyd(
     else:
         centers, merged = solvers.weighted_kmeans(centroids, weights, k, rng, n_init=10)
     return domain.clip_unit(centers), np.asarray(merged, dtype=np.float64), trace
-
-
-def assign(xq: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Index of the nearest centroid (ties to the lowest index), as the Spark pass computes it.
-
-    argmin_j ||c_j||^2 - 2 x . c_j  (||x||^2 is common to all j). The Spark pass and the
-    numpy reference share this function, so their exact aggregates agree bit for bit.
-    """
-    c_sq = (centroids**2).sum(axis=1)
-    return np.argmin(c_sq[None, :] - 2.0 * (xq @ centroids.T), axis=1)
-
-
-def exact_aggregates(q: np.ndarray, centroids: np.ndarray):
-    """Exact counts (K,) and fixed-point sums (K, d), int64, of fixed-point points ``q``."""
-    k, dim = centroids.shape
-    labels = assign(q.astype(np.float64) / SCALE, centroids)
-    counts = np.bincount(labels, minlength=k).astype(np.int64)
-    sums = np.zeros((k, dim), dtype=np.int64)
-    for j in range(dim):
-        # float64 bincount of integers is exact while partial sums stay below 2**53
-        # (|q| <= 2**20, so up to 2**32 rows per call); converted to int64 at once.
-        sums[:, j] = np.bincount(labels, weights=q[:, j], minlength=k).astype(np.int64)
-    return counts, sums
 
 
 def numpy_aggregate(unit_points: np.ndarray) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpspark.dplloyd.core import exact_aggregates
+from dpspark.dplloyd.kernels import exact_aggregates
 from dpspark.privacy.fixedpoint import SCALE
 
 

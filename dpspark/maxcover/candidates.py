@@ -63,7 +63,7 @@ import numpy as np
 
 from dpspark import tables
 from dpspark.errors import SchemaError
-from dpspark.maxcover import core, passes
+from dpspark.maxcover import core, kernels, passes
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.fixedpoint import SCALE
@@ -189,14 +189,14 @@ def private_candidates(df, columns: list[str], domain: Domain, count: int, scale
         eps_c = eps_l * COUNT_SHARE
         eps_s = eps_l - eps_c
         threshold = stability_threshold(eps_c, delta_l, MIN_CELL_COUNT)
-        lim = passes.offset_limit(side)
+        lim = kernels.offset_limit(side)
         block = accountant.block(f"{PRIVATE_LABEL}: scale {level + 1}/{scales} (cell side {side:g})", eps_l, delta_l, STABILITY_RULE)
         noisy_n = block.laplace(n, LaplaceMechanism(epsilon=eps_c, sensitivity=1.0)) if n.size else np.zeros(0, dtype=np.int64)
         keep = np.flatnonzero(noisy_n >= threshold)
         if keep.size:
             sum_mech = LaplaceMechanism(epsilon=eps_s, sensitivity=dim * lim / SCALE, unit=1.0 / SCALE)
             noisy_s = block.laplace(s[keep], sum_mech)
-            centers = passes.cell_centers(g[keep], side, shift)
+            centers = kernels.cell_centers(g[keep], side, shift)
             nn = noisy_n[keep].astype(np.float64)
             offset = np.clip(noisy_s.astype(np.float64) / SCALE / nn[:, None], -side / 2.0, side / 2.0)
             points = domain.clip_unit(centers + offset)

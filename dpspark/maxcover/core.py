@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from dpspark.maxcover.kernels import _chunk_rows, _cost_from_sq, _sq_dists  # noqa: F401  (shared with the executors)
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.mechanisms import ExponentialMechanism, LaplaceMechanism
 
@@ -91,8 +92,6 @@ COVERAGE_RULE = (
 )
 SNAP_LABEL = "maxcover snap counts"
 
-# Upper bound on the number of float64 cells one chunk of a distance computation may use.
-_CHUNK_CELLS = 4_000_000
 # Largest grid grid_candidates builds before asking for another candidate generator.
 _MAX_GRID_POINTS = 10_000_000
 
@@ -205,40 +204,6 @@ def coverage_epsilon(eps_cov: float, delta: float) -> float:
 
 # ----------------------------------------------------------------------------
 # Distances (numpy reference; the same rule everywhere so that implementations agree)
-
-
-def _chunk_rows(n_cols: int, dim: int) -> int:
-    """Rows per chunk so that the two (rows x n_cols) float64 temporaries of ``_sq_dists`` stay bounded."""
-    return max(1, _CHUNK_CELLS // max(1, 2 * n_cols))
-
-
-def _sq_dists(x: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """Squared Euclidean distances by explicit differences, summed over the dimensions in order.
-
-    Entry (i, v) is 0.0 + (x_i0 - c_v0)^2 + (x_i1 - c_v1)^2 + ... in float64, in that
-    order: no cancellation, and each entry is computed by the same float operations
-    whatever the chunk or the other rows and columns, so chunked and dense results,
-    and the Spark passes, agree bit for bit. The operations are monotone in every
-    |x_ij - c_vj|, which lets callers prune with bounding boxes exactly. Memory: two
-    (rows x columns) temporaries, never a (rows x columns x d) one.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    c = np.asarray(c, dtype=np.float64)
-    out = np.zeros((x.shape[0], c.shape[0]), dtype=np.float64)
-    diff = np.empty_like(out)
-    for j in range(x.shape[1]):
-        np.subtract(x[:, j, None], c[None, :, j], out=diff)
-        np.multiply(diff, diff, out=diff)
-        out += diff
-    return out
-
-
-def _cost_from_sq(d2: np.ndarray, p: int) -> np.ndarray:
-    if p == 2:
-        return d2
-    if p == 1:
-        return np.sqrt(d2)
-    return d2 ** (p / 2.0)
 
 
 def cost_matrix(points, candidates, p: int) -> np.ndarray:

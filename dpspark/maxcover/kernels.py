@@ -1,0 +1,298 @@
+"""The executor side of the maxcover passes: numpy only.
+
+Everything here runs inside ``mapInPandas`` on the executors, so this module imports
+numpy and ``dpspark.privacy.fixedpoint`` only (never scipy, scikit-learn, OpenDP or
+pyspark) and reads nothing from the driver's filesystem: every public value it needs
+(candidates, thresholds, picks, grid shifts) is an argument captured in the returned
+closure and shipped with the task. ``tests/test_cluster.py`` runs it on executors
+whose Python holds only numpy, pandas and pyarrow; ``tests/test_maxcover_core.py``
+checks the import rule without a cluster.
+
+The distance rule (``_sq_dists``) is shared with the driver-side numpy reference in
+``dpspark.maxcover.core``, so both agree bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from dpspark.privacy.fixedpoint import SCALE
+
+# Upper bound on the number of float64 cells one chunk of a distance computation may use.
+_CHUNK_CELLS = 4_000_000
+
+# Rows per pandas DataFrame a partition yields (keeps Arrow batches moderate).
+_YIELD_ROWS = 200_000
+
+
+# ----------------------------------------------------------------------------
+# Distances (the same rule everywhere so that implementations agree)
+
+
+def _chunk_rows(n_cols: int, dim: int) -> int:
+    """Rows per chunk so that the two (rows x n_cols) float64 temporaries of ``_sq_dists`` stay bounded."""
+    return max(1, _CHUNK_CELLS // max(1, 2 * n_cols))
+
+
+def _sq_dists(x: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Squared Euclidean distances by explicit differences, summed over the dimensions in order.
+
+    Entry (i, v) is 0.0 + (x_i0 - c_v0)^2 + (x_i1 - c_v1)^2 + ... in float64, in that
+    order: no cancellation, and each entry is computed by the same float operations
+    whatever the chunk or the other rows and columns, so chunked and dense results,
+    and the Spark passes, agree bit for bit. The operations are monotone in every
+    |x_ij - c_vj|, which lets callers prune with bounding boxes exactly. Memory: two
+    (rows x columns) temporaries, never a (rows x columns x d) one.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    out = np.zeros((x.shape[0], c.shape[0]), dtype=np.float64)
+    diff = np.empty_like(out)
+    for j in range(x.shape[1]):
+        np.subtract(x[:, j, None], c[None, :, j], out=diff)
+        np.multiply(diff, diff, out=diff)
+        out += diff
+    return out
+
+
+def _cost_from_sq(d2: np.ndarray, p: int) -> np.ndarray:
+    if p == 2:
+        return d2
+    if p == 1:
+        return np.sqrt(d2)
+    return d2 ** (p / 2.0)
+
+
+# ----------------------------------------------------------------------------
+# Bounding-box pruning
+#
+# Speed without changing a single bit of the result: each Arrow batch is put in
+# Z-order (Morton code of its coordinates) and cut into small chunks, so a chunk's
+# points are close together; a candidate (or an earlier pick) whose distance to the
+# chunk's bounding box already exceeds the threshold is skipped for that chunk.
+# The box distance is computed by the same float operations as ``_sq_dists``
+# (difference, square, sum over the dimensions in order), which are monotone in
+# every |x_j - c_j|, so box cost > t implies point cost > t for every point of the
+# chunk: the skipped entries are exactly entries that would have compared false.
+# The entries that are computed are computed by ``_sq_dists``, per entry.
+
+_PRUNE_ROWS = 512  # points per chunk for the bounding-box pruning
+
+
+def _morton_order(x: np.ndarray) -> np.ndarray:
+    """A permutation putting unit-space points in Z-order (only the order of work changes)."""
+    n, dim = x.shape
+    dd = min(dim, 63)
+    bits = max(1, min(16, 63 // dd))
+    q = np.clip(((x[:, :dd] + 1.0) * (0.5 * (1 << bits))).astype(np.int64), 0, (1 << bits) - 1)
+    code = np.zeros(n, dtype=np.int64)
+    for b in range(bits - 1, -1, -1):
+        for j in range(dd):
+            code = (code << 1) | ((q[:, j] >> b) & 1)
+    return np.argsort(code, kind="stable")
+
+
+def _box_cost(lo: np.ndarray, hi: np.ndarray, pts: np.ndarray, p: int) -> np.ndarray:
+    """Lower bound of dist(x, pt)^p over the box [lo, hi], by the float operations of ``_sq_dists``."""
+    gap = np.maximum(np.maximum(lo[None, :] - pts, pts - hi[None, :]), 0.0)
+    d2 = np.zeros(pts.shape[0], dtype=np.float64)
+    for j in range(pts.shape[1]):
+        d2 += gap[:, j] * gap[:, j]
+    return _cost_from_sq(d2, p)
+
+
+def _chunks(x: np.ndarray, rows: int):
+    """Z-ordered chunks of a batch of points."""
+    x = x[_morton_order(x)]
+    for start in range(0, x.shape[0], rows):
+        yield x[start : start + rows]
+
+
+def _drop_covered(xc: np.ndarray, pick_pts: np.ndarray, pick_t: np.ndarray, p: int) -> np.ndarray:
+    """The rows of ``xc`` not covered by any (pick point, threshold): covered means dist^p <= t."""
+    if pick_pts.shape[0] == 0 or xc.shape[0] == 0:
+        return xc
+    near = np.flatnonzero(_box_cost(xc.min(axis=0), xc.max(axis=0), pick_pts, p) <= pick_t)
+    if not near.size:
+        return xc
+    cost = _cost_from_sq(_sq_dists(xc, pick_pts[near]), p)
+    return xc[~np.any(cost <= pick_t[near][None, :], axis=1)]
+
+
+def _within(xc: np.ndarray, candidates: np.ndarray, t: float, p: int):
+    """(ids of the candidates that may be within t of the chunk, bool matrix rows x those ids: cost <= t)."""
+    keep = np.flatnonzero(_box_cost(xc.min(axis=0), xc.max(axis=0), candidates, p) <= t)
+    if not keep.size:
+        return keep, None
+    return keep, _cost_from_sq(_sq_dists(xc, candidates[keep]), p) <= t
+
+
+def _batches_of_points(batches, columns):
+    for pdf in batches:
+        if len(pdf):
+            yield pdf[columns].to_numpy(dtype=np.float64)
+
+
+def _chunk_size(n_cols: int, dim: int) -> int:
+    return max(1, min(_PRUNE_ROWS, _chunk_rows(n_cols, dim)))
+
+
+def signature_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns: list[str], chunk_rows: int | None = None):
+    """``mapInPandas`` function: (signature key, exact count) rows of one partition's uncovered points.
+
+    The key is ``numpy.packbits`` of the point's row of the (candidates within t)
+    indicator: a canonical, fixed-length bytes value per signature. Points with an
+    empty signature are left out.
+    """
+    candidates = np.ascontiguousarray(candidates, dtype=np.float64)
+    n_cand, dim = candidates.shape
+    pick_pts = np.ascontiguousarray(pick_pts, dtype=np.float64).reshape(-1, dim)
+    pick_t = np.asarray(pick_t, dtype=np.float64).reshape(-1)
+    n_bytes = (n_cand + 7) // 8
+    rows = chunk_rows or _chunk_size(n_cand, dim)
+
+    def run(batches):
+        import pandas as pd
+
+        agg: dict[bytes, int] = {}
+        for x in _batches_of_points(batches, columns):
+            packed_parts = []
+            for xc in _chunks(x, rows):
+                xc = _drop_covered(xc, pick_pts, pick_t, p)
+                if not xc.shape[0]:
+                    continue
+                keep, within = _within(xc, candidates, t, p)
+                if within is None:
+                    continue
+                hit = within.any(axis=1)
+                if not hit.any():
+                    continue
+                full = np.zeros((int(hit.sum()), n_cand), dtype=bool)
+                full[:, keep] = within[hit]
+                packed_parts.append(np.packbits(full, axis=1))
+            if not packed_parts:
+                continue
+            packed = np.ascontiguousarray(np.concatenate(packed_parts))
+            keys, counts = np.unique(packed.view(np.dtype((np.void, n_bytes))).reshape(-1), return_counts=True)
+            for key, c in zip(keys.tolist(), counts.tolist()):
+                agg[key] = agg.get(key, 0) + c
+        items = list(agg.items())
+        for start in range(0, len(items), _YIELD_ROWS):
+            part = items[start : start + _YIELD_ROWS]
+            yield pd.DataFrame({"sig": [kv[0] for kv in part], "n": np.array([kv[1] for kv in part], dtype=np.int64)})
+
+    return run
+
+
+def score_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns: list[str], chunk_rows: int | None = None):
+    """``mapInPandas`` function: exact per-candidate coverage counts of one partition's uncovered points."""
+    candidates = np.ascontiguousarray(candidates, dtype=np.float64)
+    n_cand, dim = candidates.shape
+    pick_pts = np.ascontiguousarray(pick_pts, dtype=np.float64).reshape(-1, dim)
+    pick_t = np.asarray(pick_t, dtype=np.float64).reshape(-1)
+    rows = chunk_rows or _chunk_size(n_cand, dim)
+
+    def run(batches):
+        import pandas as pd
+
+        scores = np.zeros(n_cand, dtype=np.int64)
+        for x in _batches_of_points(batches, columns):
+            for xc in _chunks(x, rows):
+                xc = _drop_covered(xc, pick_pts, pick_t, p)
+                if not xc.shape[0]:
+                    continue
+                keep, within = _within(xc, candidates, t, p)
+                if within is not None:
+                    scores[keep] += within.sum(axis=0, dtype=np.int64)
+        yield pd.DataFrame({"cand": np.arange(n_cand, dtype=np.int32), "n": scores})
+
+    return run
+
+
+def snap_aggregator(centers, columns: list[str], chunk_rows: int):
+    """``mapInPandas`` function: exact number of points per nearest center (ties to the lowest index)."""
+    centers = np.ascontiguousarray(centers, dtype=np.float64)
+    k = centers.shape[0]
+
+    def run(batches):
+        import pandas as pd
+
+        counts = np.zeros(k, dtype=np.int64)
+        for x in _batches_of_points(batches, columns):
+            for start in range(0, x.shape[0], chunk_rows):
+                nearest = np.argmin(_sq_dists(x[start : start + chunk_rows], centers), axis=1)
+                counts += np.bincount(nearest, minlength=k).astype(np.int64)
+        yield pd.DataFrame({"center": np.arange(k, dtype=np.int32), "n": counts})
+
+    return run
+
+
+def cell_indices(x: np.ndarray, side: float, shift: np.ndarray) -> np.ndarray:
+    """Integer cell coordinates of unit-space points in the grid of ``side`` shifted by ``shift``.
+
+    Cell g spans [g*side - 1 - shift, (g+1)*side - 1 - shift) per axis; its center is
+    (g + 1/2)*side - 1 - shift. Same formula on the driver and the executors.
+    """
+    return np.floor((x + 1.0 + shift[None, :]) / side).astype(np.int64)
+
+
+def cell_centers(g: np.ndarray, side: float, shift: np.ndarray) -> np.ndarray:
+    return (g.astype(np.float64) + 0.5) * side - 1.0 - shift[None, :]
+
+
+def offset_limit(side: float) -> int:
+    """Largest |fixed-point offset| of a point from its cell center: floor(side/2 * SCALE)."""
+    return int(np.floor(side / 2.0 * SCALE))
+
+
+def cell_aggregator(sides: Sequence[float], shifts: Sequence[np.ndarray], columns: list[str], chunk_rows: int):
+    """``mapInPandas`` function: per (scale, non-empty cell) the exact count and fixed-point offset sums.
+
+    A point's offset from its cell center is clipped to [-side/2, side/2] per
+    coordinate (it lies there up to rounding) and quantized to fixed point
+    (|q| <= offset_limit(side)), so one point changes one cell's sums by at most
+    offset_limit(side) per coordinate. Cells are keyed by their int32 coordinates
+    as bytes; only non-empty cells appear.
+    """
+    sides = [float(s) for s in sides]
+    shifts = [np.asarray(s, dtype=np.float64) for s in shifts]
+    dim = shifts[0].shape[0]
+
+    def run(batches):
+        import pandas as pd
+
+        aggs: list[dict[bytes, np.ndarray]] = [dict() for _ in sides]
+        for x in _batches_of_points(batches, columns):
+            for level, (side, shift) in enumerate(zip(sides, shifts)):
+                g = cell_indices(x, side, shift)
+                lim = offset_limit(side)
+                q = np.rint((x - cell_centers(g, side, shift)) * SCALE).astype(np.int64)
+                np.clip(q, -lim, lim, out=q)
+                keys = np.ascontiguousarray(g.astype(np.int32)).view(np.dtype((np.void, 4 * dim))).reshape(-1)
+                uniq, inverse = np.unique(keys, return_inverse=True)
+                inverse = inverse.reshape(-1)
+                cnt = np.bincount(inverse, minlength=uniq.shape[0]).astype(np.int64)
+                sums = np.zeros((uniq.shape[0], dim), dtype=np.int64)
+                np.add.at(sums, inverse, q)
+                agg = aggs[level]
+                for key, c, s in zip(uniq, cnt, sums):
+                    kb = key.tobytes()
+                    row = agg.get(kb)
+                    if row is None:
+                        agg[kb] = np.concatenate([[c], s])
+                    else:
+                        row[0] += c
+                        row[1:] += s
+        for level, agg in enumerate(aggs):
+            if not agg:
+                continue
+            keys = list(agg.keys())
+            vals = np.array(list(agg.values()), dtype=np.int64).reshape(len(keys), dim + 1)
+            out = {"level": np.full(len(keys), level, dtype=np.int32), "cell": keys, "n": vals[:, 0]}
+            for j in range(dim):
+                out[f"s{j}"] = vals[:, j + 1]
+            yield pd.DataFrame(out)
+
+    return run
