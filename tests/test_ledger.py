@@ -131,3 +131,33 @@ def test_concurrent_full_runs_only_one_succeeds(spark, tmp_path, write_delta):
         t.join()
     assert sorted(codes.values()) == [0, 3]
     assert Ledger(spark, ledger_path).totals(path).spent_epsilon == pytest.approx(1.0)
+
+
+def test_ledger_operations_use_small_table_settings_and_put_the_sessions_back(spark, tmp_path):
+    """The ledger runs its few-row queries with 1 shuffle and 1 snapshot partition, then restores
+    the session's own settings (set or unset), also when the operation raises."""
+    from dpspark.errors import BudgetRefused
+    from dpspark.privacy import ledger as ledger_mod
+
+    seen = []
+    real_totals = Ledger.totals.__wrapped__
+
+    def spying_totals(self, *args, **kwargs):
+        seen.append({key: spark.conf.get(key, None) for key in ledger_mod._LEDGER_CONF})
+        return real_totals(self, *args, **kwargs)
+
+    spark.conf.set("spark.sql.shuffle.partitions", "7")
+    snapshot_before = spark.conf.get("spark.databricks.delta.snapshotPartitions", None)
+    ledger = Ledger(spark, str(tmp_path / "ledger"))
+    try:
+        Ledger.totals = ledger_mod._small_table(spying_totals)
+        ledger.charge("/in", "r1", "dplloyd", 1.0, 0.0, 1.0, 0.0)
+        with pytest.raises(BudgetRefused):
+            ledger.charge("/in", "r2", "dplloyd", 1.0, 0.0, 1.0, 0.0)
+    finally:
+        Ledger.totals = ledger_mod._small_table(real_totals)
+        after = spark.conf.get("spark.sql.shuffle.partitions")
+        spark.conf.set("spark.sql.shuffle.partitions", "4")
+    assert seen == [{"spark.sql.shuffle.partitions": "1", "spark.databricks.delta.snapshotPartitions": "1"}] * 2
+    assert after == "7"
+    assert spark.conf.get("spark.databricks.delta.snapshotPartitions", None) == snapshot_before
