@@ -1,0 +1,342 @@
+"""Cluster mode for real (issue 8): spark-submit to a Spark standalone cluster on this machine.
+
+A master and two workers (separate JVMs, each worker with its own working directory) are
+started by the README's own commands (``scripts/cluster.py start``); dpspark is packaged and
+submitted by the README's own commands too: the block under
+``<!-- cluster-commands ... -->`` is parsed here and each command runs through bash as written,
+with only ``CONFIG`` and ``RUN_ID`` set by the test.
+
+The executors run a Python that holds numpy, pandas and pyarrow only (no dpspark, scipy,
+scikit-learn or OpenDP): dpspark reaches them through ``--py-files`` or not at all. The config
+and data paths are relative to the project root, where the driver runs; the executors run in
+the workers' own directories, so they only work if the driver resolves the paths.
+
+Checked: each family releases exactly the local-mode centers for the same config and seed, with
+tasks run on both workers; a worker (and its executor) killed while it runs tasks of a job does
+not change the released centers, and the ledger holds exactly one charge for the run; a bad
+config exits 2 through spark-submit and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from dpspark.cli import main
+from dpspark.privacy.ledger import Ledger
+
+from conftest import ROOT, blobs
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import cluster as cluster_script  # noqa: E402  scripts/cluster.py
+
+README_MARK = "<!-- cluster-commands: tests/test_cluster.py runs this block as written -->"
+COMMAND_KINDS = {"start": "cluster.py start", "wheel": "pip wheel", "zip": "cp dist/", "submit": "spark-submit",
+                 "stop": "cluster.py stop"}
+FAMILIES = {
+    "maxcover": ({"name": "maxcover", "k": 3, "objective": "kmeans"}, 1e-6),
+    "dplloyd": ({"name": "dplloyd", "k": 3, "variant": "allocation_nk", "iterations": 8}, 0.0),
+    "ldp": ({"name": "ldp", "k": 3, "objective": "kmeans"}, 0.0),
+}
+TRUE_CENTERS = [(20, 20), (80, 30), (50, 80)]
+N_PER_CLUSTER = 40_000
+
+
+def readme_commands() -> list[str]:
+    """The README's cluster block as logical commands (continuations joined, comments dropped)."""
+    text = (ROOT / "README.md").read_text()
+    assert README_MARK in text, "README.md lost its cluster-commands block"
+    block = text.split(README_MARK, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    commands, current = [], ""
+    for line in block.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1]
+            continue
+        commands.append((current + line).strip())
+        current = ""
+    return commands
+
+
+def command(kind: str) -> str:
+    matches = [c for c in readme_commands() if COMMAND_KINDS[kind] in c]
+    assert len(matches) == 1, f"README cluster block: expected one {kind!r} command, found {matches}"
+    return matches[0]
+
+
+def bash(cmd: str, env: dict, **kwargs):
+    return subprocess.run(["bash", "-c", "set -euo pipefail\n" + cmd], cwd=ROOT, env=env, text=True,
+                          capture_output=True, **kwargs)
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_") and k != "SPARK_HOME"}
+    env.update(extra)
+    return env
+
+
+def rel(path) -> str:
+    """``path`` relative to the project root (where spark-submit runs)."""
+    return os.path.relpath(path, ROOT)
+
+
+def test_readme_block_is_exactly_start_package_submit_stop():
+    assert [next(k for k, key in COMMAND_KINDS.items() if key in c) for c in readme_commands()] == list(COMMAND_KINDS)
+
+
+def test_executor_modules_import_without_the_driver_only_packages():
+    """What the passes' closures import on an executor: numpy (and pandas) only, never scipy,
+    scikit-learn, OpenDP, matplotlib, PyYAML or pyspark (a quick check; the cluster tests run it for real)."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('scipy', 'sklearn', 'opendp', 'matplotlib', 'yaml', 'pyspark', 'threadpoolctl'):\n"
+        "            raise ImportError('driver-only package imported on an executor: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import dpspark.maxcover.kernels, dpspark.dplloyd.kernels, dpspark.ldp.client\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    # and the block really blocks: the driver side imports scipy
+    proc = subprocess.run([sys.executable, "-c", code.replace("dpspark.ldp.client", "dpspark.maxcover.core")],
+                          capture_output=True, text=True, cwd="/")
+    assert proc.returncode != 0 and "driver-only package imported on an executor: scipy" in proc.stderr
+
+
+# ----------------------------------------------------------------------------
+# The cluster, the package, the data
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The README's start command (state in a temporary directory); its stop command afterwards, always."""
+    state = tmp_path_factory.mktemp("cluster")
+    env = clean_env(DPSPARK_CLUSTER_DIR=str(state))
+    try:
+        proc = bash(command("start") + '\necho "MASTER=$MASTER"\necho "EXECUTOR_PYTHON=$EXECUTOR_PYTHON"\n', env,
+                    timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        values = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+        assert values["MASTER"].startswith("spark://127.0.0.1:") and os.path.exists(values["EXECUTOR_PYTHON"])
+        handle = cluster_script.StandaloneCluster.load(state)
+        handle.submit_env = clean_env(MASTER=values["MASTER"], EXECUTOR_PYTHON=values["EXECUTOR_PYTHON"])
+        yield handle
+    finally:
+        bash(command("stop"), env, timeout=120)
+        leftovers = cluster_script.StandaloneCluster.load(state) if (state / "state.json").exists() else None
+        if leftovers is not None:  # the stop command failed: stop by hand, then fail
+            leftovers.stop()
+            pytest.fail("scripts/cluster.py stop left the cluster running")
+
+
+@pytest.fixture(scope="module")
+def package():
+    """The README's wheel and zip commands, from the project root."""
+    for old in (ROOT / "dist").glob("dpspark-*"):
+        old.unlink()
+    for kind in ("wheel", "zip"):
+        proc = bash(command(kind), clean_env(), timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return ROOT / "dist" / "dpspark-0.1.0.zip"
+
+
+@pytest.fixture(scope="module")
+def points(spark, tmp_path_factory):
+    base = tmp_path_factory.mktemp("cluster-data")
+    x = blobs(N_PER_CLUSTER, TRUE_CENTERS, 5.0, 11)
+    pdf = pd.DataFrame({"user": np.arange(len(x)), "x": x[:, 0], "y": x[:, 1]})
+    path = str(base / "points")
+    spark.createDataFrame(pdf).repartition(6).write.format("delta").mode("overwrite").save(path)
+    return base, path
+
+
+def write_config(base: Path, name: str, family: str, input_path: str, ledger: str | None = None, **spark_conf) -> Path:
+    algorithm, delta = FAMILIES[family]
+    cfg = {
+        "input": {"path": rel(input_path), "format": "delta", "features": ["x", "y"]},
+        "domain": {"lower": [0, 0], "upper": [100, 100]},
+        "privacy": {"epsilon": 1.0, "delta": delta, "ledger": rel(ledger) if ledger else None},
+        "algorithm": algorithm,
+        "output": {"path": rel(base / name / "out")},
+        "seed": 7,
+        "spark": {"conf": {"spark.ui.enabled": False, **spark_conf}},
+    }
+    path = base / name / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def released(spark, config_path: Path):
+    cfg = yaml.safe_load(config_path.read_text())
+    out = ROOT / cfg["output"]["path"]
+    centers = spark.read.format("delta").load(str(out / "centers")).orderBy("cluster_id").toPandas()
+    with open(out / "summary.json") as handle:
+        summary = json.load(handle)
+    return centers[["x", "y", "noisy_weight"]].to_numpy(dtype=np.float64), summary
+
+
+@pytest.fixture(scope="module")
+def local_release(spark, points):
+    """Each family run in local mode (this test session's local[2] SparkSession) on the same config."""
+    base, path = points
+    results = {}
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the config's paths are relative to the project root
+    try:
+        for family in FAMILIES:
+            cfg = write_config(base, f"local-{family}", family, path)
+            assert main(["run", "--config", str(cfg), "--run-id", f"local-{family}"], spark=spark) == 0
+            results[family] = released(spark, cfg)
+    finally:
+        os.chdir(cwd)
+    return results
+
+
+def submit(cluster, config_path: Path, run_id: str, log_dir: Path):
+    """Start the README's spark-submit command; stdout and stderr go to files in ``log_dir``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out, err = open(log_dir / "stdout", "w"), open(log_dir / "stderr", "w")
+    env = dict(cluster.submit_env, CONFIG=rel(config_path), RUN_ID=run_id)
+    proc = subprocess.Popen(["bash", "-c", "set -euo pipefail\n" + command("submit")], cwd=ROOT, env=env,
+                            stdout=out, stderr=err, text=True)
+    out.close()
+    err.close()
+    return proc
+
+
+def finish(proc, log_dir: Path, timeout=900):
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return rc, (log_dir / "stdout").read_text(), (log_dir / "stderr").read_text()
+
+
+def app_id(stderr: str) -> str:
+    found = re.search(r"Connected to Spark cluster with app ID (app-[0-9-]+)", stderr)
+    assert found, "spark-submit did not connect to the standalone master:\n" + stderr[-3000:]
+    return found.group(1)
+
+
+def workers_that_ran_tasks(cluster, app: str) -> list[str]:
+    """The workers whose executor for ``app`` ran at least one task (from the executors' own logs)."""
+    ran = []
+    for name in ("worker1", "worker2"):
+        logs = list((cluster.state_dir / name / app).glob("*/stderr"))
+        if any("Running task" in p.read_text(errors="replace") for p in logs):
+            ran.append(name)
+    return ran
+
+
+# ----------------------------------------------------------------------------
+# The tests
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_releases_the_local_mode_centers_on_the_cluster(spark, cluster, package, points, local_release,
+                                                                    family, tmp_path):
+    base, path = points
+    cfg = write_config(base, f"cluster-{family}", family, path)
+    rc, stdout, stderr = finish(submit(cluster, cfg, f"cluster-{family}", tmp_path / "logs"), tmp_path / "logs")
+    assert rc == 0, stderr[-4000:]
+    assert "released centers" in stdout
+    # both workers' executors ran tasks (their Python has no dpspark: it came from the zip)
+    assert workers_that_ran_tasks(cluster, app_id(stderr)) == ["worker1", "worker2"]
+    centers, summary = released(spark, cfg)
+    local_centers, local_summary = local_release[family]
+    assert np.array_equal(centers, local_centers), (centers, local_centers)
+    assert summary["epsilon_spent"] == local_summary["epsilon_spent"] == 1.0
+    assert summary["delta_spent"] == local_summary["delta_spent"] == FAMILIES[family][1]
+    # a sanity check that these are real clusterings, not two equal empty answers
+    for true in TRUE_CENTERS:
+        assert np.min(np.linalg.norm(centers[:, :2] - np.asarray(true), axis=1)) < 10.0
+
+
+def _executor_on(cluster, worker: str, app: str) -> str | None:
+    dirs = [p.name for p in (cluster.state_dir / worker / app).glob("*") if p.is_dir()]
+    return dirs[0] if dirs else None
+
+
+def _active_tasks(ui: str, executor_id: str) -> int:
+    with urllib.request.urlopen(ui + "/api/v1/applications", timeout=5) as resp:
+        apps = json.load(resp)
+    with urllib.request.urlopen(f"{ui}/api/v1/applications/{apps[0]['id']}/executors", timeout=5) as resp:
+        executors = json.load(resp)
+    return sum(int(e["activeTasks"]) for e in executors if e["id"] == executor_id)
+
+
+def test_losing_a_worker_mid_job_changes_nothing_and_charges_once(spark, cluster, package, points, local_release,
+                                                                  tmp_path):
+    base, path = points
+    ledger_path = base / "ledger-worker-loss"
+    ui_port = cluster_script.free_port()
+    cfg = write_config(base, "cluster-worker-loss", "maxcover", path, ledger=str(ledger_path),
+                       **{"spark.ui.enabled": True, "spark.ui.port": ui_port})
+    logs = tmp_path / "logs"
+    proc = submit(cluster, cfg, "worker-loss", logs)
+    ui = f"http://127.0.0.1:{ui_port}"
+    killed_with_tasks = 0
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            stderr = (logs / "stderr").read_text()
+            stdout = (logs / "stdout").read_text()
+            found = re.search(r"app ID (app-[0-9-]+)", stderr)
+            # wait until the fit has started (the ledger charge is done) and worker2's executor runs tasks
+            if found and "maxcover: fit ..." in stdout:
+                executor = _executor_on(cluster, "worker2", found.group(1))
+                if executor is not None:
+                    try:
+                        active = _active_tasks(ui, executor)
+                    except OSError:
+                        active = 0
+                    if active > 0:
+                        cluster.kill_worker("worker2")
+                        killed_with_tasks = active
+                        break
+            time.sleep(0.05)
+        rc, stdout, stderr = finish(proc, logs)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed_with_tasks > 0, "worker2's executor never ran a task of the fit while the job ran"
+    assert rc == 0, stderr[-4000:]
+    assert re.search(r"Lost executor \d+", stderr), "the driver did not notice the lost executor"
+    centers, summary = released(spark, cfg)
+    assert np.array_equal(centers, local_release["maxcover"][0])
+    ledger = Ledger(spark, str(ledger_path))
+    events = [(e["run_id"], e["status"], e["epsilon"], e["delta"]) for e in ledger.runs()]
+    assert events == [("worker-loss", "charged", 1.0, 1e-6), ("worker-loss", "succeeded", 0.0, 0.0)]
+    totals = ledger.totals(ledger.runs()[0]["input_path"])
+    assert (totals.spent_epsilon, totals.spent_delta) == (1.0, 1e-6)
+    assert summary["epsilon_spent"] == 1.0
+
+
+def test_bad_config_exits_2_through_spark_submit_and_leaves_nothing(cluster, package, points, tmp_path):
+    base, path = points
+    cfg = write_config(base, "cluster-bad", "dplloyd", path, ledger=str(base / "ledger-bad"))
+    raw = yaml.safe_load(cfg.read_text())
+    raw["algorithm"]["k"] = 0
+    cfg.write_text(yaml.safe_dump(raw))
+    rc, stdout, stderr = finish(submit(cluster, cfg, "bad", tmp_path / "logs"), tmp_path / "logs", timeout=300)
+    assert rc == 2, stderr[-3000:]
+    assert "algorithm.k" in stdout  # spark-submit passes the Python driver's stderr on to its stdout
+    assert not (ROOT / raw["output"]["path"]).exists()
+    assert not (base / "ledger-bad").exists()
+    assert "Connected to Spark cluster" not in stderr  # refused before Spark started
