@@ -340,3 +340,32 @@ def test_private_candidates_release_only_heavy_cells(spark):
     assert all(s["released_cells"] == 0 for s in info["scales"])
     assert info["padded_public_points"] == 3 and cand.shape == (3, 2)
     df.unpersist()
+
+
+def test_per_pick_updates_equal_full_recomputation(spark):
+    """A later pick's scores come from subtracting what the previous pick newly covered; they equal
+    the scores recomputed from scratch, for every pick, with and without earlier thresholds' picks."""
+    rng = np.random.default_rng(21)
+    x = clustered_unit(rng, 1500, dim=3)
+    cand = rng.uniform(-1, 1, size=(40, 3))
+    df = unit_df(spark, x, 3)
+    columns = ["_u0", "_u1", "_u2"]
+    updated_nonzero = []
+    for p in (1, 2):
+        ts = core.thresholds(2 * math.sqrt(3), p, cand.shape[0], 0.5)
+        for i, covered in ((3, ()), (ts.size // 2, ((5, 1), (17, 2)))):
+            incremental = SparkCoverage(df, columns, cand, ts, p, 1)
+            fresh_scores = []
+            picks = []
+            for _ in range(4):
+                got = incremental.pick_scores(i, covered, tuple(picks))
+                want = SparkCoverage(df, columns, cand, ts, p, 1).pick_scores(i, covered, tuple(picks))
+                assert np.array_equal(got, want)
+                assert got.dtype == np.int64 and (not picks or np.all(got[picks] == 0))
+                fresh_scores.append(want)
+                picks.append(int(np.argmax(np.where(np.isin(np.arange(40), picks), -1, got))))
+            assert incremental.counter.by_kind == {"pick scores (fallback)": 1, "pick scores (fallback, update)": 3}
+            assert fresh_scores[0].sum() > fresh_scores[-1].sum()  # the picks did cover points
+            updated_nonzero.append(fresh_scores[-1].sum() > 0)
+    assert any(updated_nonzero)  # some updates left non-trivial scores (not just all zeros)
+    df.unpersist()

@@ -40,7 +40,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpspark.maxcover.core import PerPickScores
-from dpspark.maxcover.kernels import _chunk_rows, cell_aggregator, score_aggregator, signature_aggregator, snap_aggregator
+from dpspark.maxcover.kernels import (
+    _chunk_rows,
+    cell_aggregator,
+    newly_covered_aggregator,
+    score_aggregator,
+    signature_aggregator,
+    snap_aggregator,
+)
 from dpspark.progress import step
 
 log = logging.getLogger("dpspark")
@@ -97,6 +104,7 @@ class SparkCoverage:
         self.timings = timings
         self.fallback_thresholds: list[int] = []
         self.histogram_sizes: list[int] = []
+        self._last_scores = None  # (threshold key, picks, exact scores) of the last per-pick pass
 
     def _picks(self, covered_picks, extra: Sequence[int] = (), extra_t: float | None = None):
         ids = [int(c) for c, _ in covered_picks] + [int(c) for c in extra]
@@ -122,17 +130,35 @@ class SparkCoverage:
         return [bytes(k) for k in pdf["sig"]], pdf["n"].to_numpy(dtype=np.int64)
 
     def pick_scores(self, i: int, covered_picks, threshold_picks: Sequence[int]) -> np.ndarray:
-        """One pass: exact coverage count per candidate at threshold i, given all picks so far."""
+        """One pass: exact coverage count per candidate at threshold i, given all picks so far.
+
+        The first pick of a threshold scores every candidate over the uncovered points; each
+        later pick subtracts what the previous pick newly covered (``newly_covered_aggregator``),
+        which is exactly the recomputed score, at a fraction of the distance computations.
+        """
         t = float(self.thresholds[i])
-        pick_pts, pick_t = self._picks(covered_picks, threshold_picks, t)
-        fn = score_aggregator(self.candidates, pick_pts, pick_t, t, self.p, self.columns)
-        with step(f"maxcover pass: exact pick scores, threshold {i + 1}, pick {len(threshold_picks) + 1}", self.timings):
+        picks = tuple(int(v) for v in threshold_picks)
+        key = (i, tuple(covered_picks))
+        last = self._last_scores
+        update = last is not None and last[0] == key and bool(picks) and last[1] == picks[:-1]
+        if update:
+            pick_pts, pick_t = self._picks(covered_picks, picks[:-1], t)
+            fn = newly_covered_aggregator(self.candidates, pick_pts, pick_t, self.candidates[picks[-1]], t, self.p,
+                                          self.columns)
+            label, kind = "points newly covered by pick", "pick scores (fallback, update)"
+        else:
+            pick_pts, pick_t = self._picks(covered_picks, picks, t)
+            fn = score_aggregator(self.candidates, pick_pts, pick_t, t, self.p, self.columns)
+            label, kind = "exact pick scores", "pick scores (fallback)"
+        with step(f"maxcover pass: {label}, threshold {i + 1}, pick {len(picks) + 1}", self.timings):
             parts = self.df.mapInPandas(fn, "cand INT, n LONG").toPandas()
-            self.counter.add("pick scores (fallback)")
-        scores = np.zeros(self.candidates.shape[0], dtype=np.int64)
+            self.counter.add(kind)
+        exact = np.zeros(self.candidates.shape[0], dtype=np.int64)
         if len(parts):
-            np.add.at(scores, parts["cand"].to_numpy(dtype=np.int64), parts["n"].to_numpy(dtype=np.int64))
-        return scores
+            np.add.at(exact, parts["cand"].to_numpy(dtype=np.int64), parts["n"].to_numpy(dtype=np.int64))
+        scores = last[2] - exact if update else exact
+        self._last_scores = (key, picks, scores)
+        return scores.copy()
 
     def __call__(self, i: int, covered_picks):
         hist = self.histogram(i, covered_picks)
