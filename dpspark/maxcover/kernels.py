@@ -186,12 +186,22 @@ def signature_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns
     return run
 
 
-def score_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns: list[str], chunk_rows: int | None = None):
-    """``mapInPandas`` function: exact per-candidate coverage counts of one partition's uncovered points."""
+def score_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns: list[str], chunk_rows: int | None = None,
+                     new_pick=None):
+    """``mapInPandas`` function: exact per-candidate coverage counts of one partition's uncovered points.
+
+    With ``new_pick`` (a point), only the points that ``new_pick`` newly covers count (uncovered by
+    ``pick_pts``/``pick_t``, within t of ``new_pick``). Subtracted from the scores before that pick,
+    these give exactly the scores after it (what this function computes with ``new_pick`` added to
+    the picks at threshold t): the same rule decides "covered" and "within" entry by entry. Chunks
+    whose bounding box is farther than t from ``new_pick`` are skipped, so such a pass costs about n
+    distances plus (points near the pick) x (candidates), instead of n x (candidates).
+    """
     candidates = np.ascontiguousarray(candidates, dtype=np.float64)
     n_cand, dim = candidates.shape
     pick_pts = np.ascontiguousarray(pick_pts, dtype=np.float64).reshape(-1, dim)
     pick_t = np.asarray(pick_t, dtype=np.float64).reshape(-1)
+    near = None if new_pick is None else np.ascontiguousarray(new_pick, dtype=np.float64).reshape(1, dim)
     rows = chunk_rows or _chunk_size(n_cand, dim)
 
     def run(batches):
@@ -200,54 +210,17 @@ def score_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns: li
         scores = np.zeros(n_cand, dtype=np.int64)
         for x in _batches_of_points(batches, columns):
             for xc in _chunks(x, rows):
+                if near is not None and _box_cost(xc.min(axis=0), xc.max(axis=0), near, p)[0] > t:
+                    continue
                 xc = _drop_covered(xc, pick_pts, pick_t, p)
+                if near is not None and xc.shape[0]:
+                    xc = xc[_cost_from_sq(_sq_dists(xc, near), p)[:, 0] <= t]
                 if not xc.shape[0]:
                     continue
                 keep, within = _within(xc, candidates, t, p)
                 if within is not None:
                     scores[keep] += within.sum(axis=0, dtype=np.int64)
         yield pd.DataFrame({"cand": np.arange(n_cand, dtype=np.int32), "n": scores})
-
-    return run
-
-
-def newly_covered_aggregator(candidates, pick_pts, pick_t, new_pick, t: float, p: int, columns: list[str],
-                             chunk_rows: int | None = None):
-    """``mapInPandas`` function: per candidate, the exact number of points that the pick ``new_pick``
-    newly covers (uncovered by ``pick_pts``/``pick_t``, within t of ``new_pick``) and that lie within t
-    of the candidate.
-
-    Subtracted from the scores before the pick, this gives exactly the scores after it (what
-    :func:`score_aggregator` would recompute with ``new_pick`` added to the picks at threshold t):
-    the same rule decides "covered" and "within" entry by entry. Chunks whose bounding box is
-    farther than t from ``new_pick`` are skipped, so a pass costs about n distances plus
-    (points near the pick) x (candidates), instead of n x (candidates).
-    """
-    candidates = np.ascontiguousarray(candidates, dtype=np.float64)
-    n_cand, dim = candidates.shape
-    pick_pts = np.ascontiguousarray(pick_pts, dtype=np.float64).reshape(-1, dim)
-    pick_t = np.asarray(pick_t, dtype=np.float64).reshape(-1)
-    new_pick = np.ascontiguousarray(new_pick, dtype=np.float64).reshape(1, dim)
-    rows = chunk_rows or _chunk_size(n_cand, dim)
-
-    def run(batches):
-        import pandas as pd
-
-        removed = np.zeros(n_cand, dtype=np.int64)
-        for x in _batches_of_points(batches, columns):
-            for xc in _chunks(x, rows):
-                if _box_cost(xc.min(axis=0), xc.max(axis=0), new_pick, p)[0] > t:
-                    continue
-                xc = _drop_covered(xc, pick_pts, pick_t, p)
-                if not xc.shape[0]:
-                    continue
-                xc = xc[_cost_from_sq(_sq_dists(xc, new_pick), p)[:, 0] <= t]
-                if not xc.shape[0]:
-                    continue
-                keep, within = _within(xc, candidates, t, p)
-                if within is not None:
-                    removed[keep] += within.sum(axis=0, dtype=np.int64)
-        yield pd.DataFrame({"cand": np.arange(n_cand, dtype=np.int32), "n": removed})
 
     return run
 

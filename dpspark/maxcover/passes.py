@@ -43,7 +43,6 @@ from dpspark.maxcover.core import PerPickScores
 from dpspark.maxcover.kernels import (
     _chunk_rows,
     cell_aggregator,
-    newly_covered_aggregator,
     score_aggregator,
     signature_aggregator,
     snap_aggregator,
@@ -133,8 +132,8 @@ class SparkCoverage:
         """One pass: exact coverage count per candidate at threshold i, given all picks so far.
 
         The first pick of a threshold scores every candidate over the uncovered points; each
-        later pick subtracts what the previous pick newly covered (``newly_covered_aggregator``),
-        which is exactly the recomputed score, at a fraction of the distance computations.
+        later pick subtracts what the previous pick newly covered (``score_aggregator`` with
+        ``new_pick``): exactly the recomputed scores, at a fraction of the distance computations.
         """
         t = float(self.thresholds[i])
         picks = tuple(int(v) for v in threshold_picks)
@@ -143,8 +142,8 @@ class SparkCoverage:
         update = last is not None and last[0] == key and bool(picks) and last[1] == picks[:-1]
         if update:
             pick_pts, pick_t = self._picks(covered_picks, picks[:-1], t)
-            fn = newly_covered_aggregator(self.candidates, pick_pts, pick_t, self.candidates[picks[-1]], t, self.p,
-                                          self.columns)
+            fn = score_aggregator(self.candidates, pick_pts, pick_t, t, self.p, self.columns,
+                                  new_pick=self.candidates[picks[-1]])
             label, kind = "points newly covered by pick", "pick scores (fallback, update)"
         else:
             pick_pts, pick_t = self._picks(covered_picks, picks, t)
