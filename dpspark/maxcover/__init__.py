@@ -13,6 +13,7 @@ executors do not need).
 
 import importlib
 
+
 def __getattr__(name):
     core = importlib.import_module("dpspark.maxcover.core")
     if name == "core":

@@ -54,7 +54,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from dpspark.maxcover.kernels import _chunk_rows, _cost_from_sq, _sq_dists  # noqa: F401  (shared with the executors)
+from dpspark.maxcover.kernels import _chunk_rows, _cost_from_sq, _sq_dists  # the executors' distance rule
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.mechanisms import ExponentialMechanism, LaplaceMechanism
 

@@ -5,8 +5,8 @@ numpy and ``dpspark.privacy.fixedpoint`` only (never scipy, scikit-learn, OpenDP
 pyspark) and reads nothing from the driver's filesystem: every public value it needs
 (candidates, thresholds, picks, grid shifts) is an argument captured in the returned
 closure and shipped with the task. ``tests/test_cluster.py`` runs it on executors
-whose Python holds only numpy, pandas and pyarrow; ``tests/test_maxcover_core.py``
-checks the import rule without a cluster.
+whose Python holds only numpy, pandas and pyarrow, and also checks the import rule
+without a cluster.
 
 The distance rule (``_sq_dists``) is shared with the driver-side numpy reference in
 ``dpspark.maxcover.core``, so both agree bit for bit.
@@ -210,11 +210,11 @@ def score_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns: li
         scores = np.zeros(n_cand, dtype=np.int64)
         for x in _batches_of_points(batches, columns):
             for xc in _chunks(x, rows):
-                if near is not None and _box_cost(xc.min(axis=0), xc.max(axis=0), near, p)[0] > t:
-                    continue
-                xc = _drop_covered(xc, pick_pts, pick_t, p)
-                if near is not None and xc.shape[0]:
+                if near is not None:  # first the one-point test, then the (more) earlier picks
+                    if _box_cost(xc.min(axis=0), xc.max(axis=0), near, p)[0] > t:
+                        continue
                     xc = xc[_cost_from_sq(_sq_dists(xc, near), p)[:, 0] <= t]
+                xc = _drop_covered(xc, pick_pts, pick_t, p)
                 if not xc.shape[0]:
                     continue
                 keep, within = _within(xc, candidates, t, p)
