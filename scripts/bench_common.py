@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
-DATASETS = (ROOT / ".." / "shared" / "datasets").resolve()
+# $DPSPARK_DATASETS points elsewhere (the smoke tests use it when ../shared is absent).
+DATASETS = Path(os.environ.get("DPSPARK_DATASETS") or ROOT / ".." / "shared" / "datasets").resolve()
 
 PUBLIC_BOUNDS_NOTE = (
     "Public domain = per-column min/max of each dataset: the DP k-means literature treats these bounds "
