@@ -1,21 +1,29 @@
 """The ``dpspark`` command (and ``spark-submit jobs/cluster.py``, same arguments).
 
-    dpspark run --config conf/demo.yaml [--set KEY=VALUE ...] [--run-id ID]
+    dpspark run --config conf/demo.yaml [--set KEY=VALUE ...] [--run-id ID] [--force] [--json]
     dpspark validate --config conf/demo.yaml [--set KEY=VALUE ...]
     dpspark advance --config conf/ldp-ingest.yaml      # ldp ingest mode: publish the next round
+    dpspark ledger show --ledger PATH [--input TABLE] [--json]
+    dpspark ledger set-budget --ledger PATH --input TABLE --epsilon E --delta D [--guarantee central|local]
 
-Exit codes: 0 success; 2 invalid config or arguments (reported before Spark
-starts, naming the key and what is allowed); 3 refused by the privacy budget;
-1 any other failure.
+Exit codes: 0 success (also: the run id already succeeded, nothing done); 2 invalid config or
+arguments (reported before Spark starts, naming the key and what is allowed); 3 refused by the
+privacy budget; 1 any other failure; 128 + N when stopped by signal N (143 SIGTERM, 130 SIGINT),
+after recording the attempt as ``killed``.
+
+``--json`` prints ONE line of JSON on stdout at the end, for schedulers: run_id, attempt, status,
+exit_code, epsilon_spent, delta_spent, input_version, outputs, error.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 
-from dpspark.errors import ConfigError, DPSparkError
+from dpspark.errors import ConfigError, DPSparkError, RunKilled
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
 
@@ -27,8 +35,15 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_CONFIG)
 
 
+def _version() -> str:
+    from dpspark import __version__
+
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dpspark", description="Differentially private k-means / k-median clustering on Spark.")
+    parser.add_argument("--version", action="version", version=f"dpspark {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, text in (("run", "run a clustering job"), ("validate", "validate a config and exit (no Spark)"),
                        ("advance", "ldp ingest mode: publish every round whose reports are in; release nothing")):
@@ -36,8 +51,51 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", required=True, help="YAML config file")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key (repeatable)")
         if name == "run":
-            p.add_argument("--run-id", default=None, help="run id (letters, digits, . _ -); default: time + random")
+            p.add_argument("--run-id", default=None, help="run id (letters, digits, . _ -); default: time + random. "
+                                                          "A run id that already succeeded is not run again")
+            p.add_argument("--force", action="store_true", help="run again a run id that already succeeded: a NEW "
+                                                                "release, charged again, recorded as a new attempt")
+            p.add_argument("--json", action="store_true", help="print one JSON line with the outcome on stdout at the end")
+    led = sub.add_parser("ledger", help="the privacy ledger: show balances, set an input's budget (administrators)")
+    lsub = led.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
+    show = lsub.add_parser("show", help="balances, caps and the event log")
+    show.add_argument("--ledger", required=True, help="path of the ledger Delta table")
+    show.add_argument("--input", default=None, help="only this input table (any spelling of its path)")
+    show.add_argument("--json", action="store_true", help="print JSON instead of text")
+    setb = lsub.add_parser("set-budget", help="set (raise or lower) the budget cap of one input table")
+    setb.add_argument("--ledger", required=True, help="path of the ledger Delta table (created if missing)")
+    setb.add_argument("--input", required=True, help="the input table's path (any spelling)")
+    setb.add_argument("--epsilon", required=True, type=float, help="the cap on the total epsilon (> 0)")
+    setb.add_argument("--delta", required=True, type=float, help="the cap on the total delta, in [0, 1)")
+    setb.add_argument("--guarantee", default="central", choices=("central", "local"),
+                      help="which total the cap is for: central DP runs (default) or local DP (ldp) runs")
+    setb.add_argument("--note", default=None, help="why (recorded with the event)")
     return parser
+
+
+@contextlib.contextmanager
+def _signals_stop_the_run():
+    """SIGTERM / SIGINT raise ``RunKilled`` once (the runner records the attempt); later ones wait for that."""
+    state = {"raised": False}
+
+    def handler(signum, frame):
+        if state["raised"]:
+            print(f"dpspark: signal {signum} again: still recording the killed attempt", file=sys.stderr)
+            return
+        state["raised"] = True
+        raise RunKilled(signum)
+
+    saved = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            saved[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread (e.g. tests calling main from a thread): no handlers
+        saved = {}
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
 
 
 def main(argv: list[str] | None = None, spark=None) -> int:
@@ -46,6 +104,9 @@ def main(argv: list[str] | None = None, spark=None) -> int:
 
     configure_logging()
     args = build_parser().parse_args(argv)
+    if args.command == "ledger":
+        return _ledger_command(args, spark)
+    as_json = bool(getattr(args, "json", False))
     try:
         from dpspark.config import load_config
         from dpspark.tables import RUN_ID_PATTERN
@@ -55,46 +116,211 @@ def main(argv: list[str] | None = None, spark=None) -> int:
             raise ConfigError("--run-id", f"{args.run_id!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
     except ConfigError as exc:
         print(f"dpspark: invalid config: {exc}", file=sys.stderr)
+        _print_json(as_json, {"run_id": getattr(args, "run_id", None), "status": "invalid_config", "exit_code": EXIT_CONFIG, "error": str(exc)})
         return EXIT_CONFIG
     if args.command == "validate":
+        problems = _validate_locations(config)
         print(json.dumps(config.to_dict(), indent=2, default=str))
+        for warning in _validate_warnings(config):
+            print(f"dpspark: warning: {warning}", file=sys.stderr)
+        if problems:
+            print(f"dpspark: invalid config: {problems[0]}", file=sys.stderr)
+            return EXIT_CONFIG
         return EXIT_OK
     if args.command == "advance" and not (config.algorithm.name == "ldp" and getattr(config.algorithm.params, "mode", None) == "ingest"):
         print("dpspark: invalid config: config key 'algorithm.mode': `dpspark advance` needs algorithm.name=ldp with mode=ingest",
               file=sys.stderr)
         return EXIT_CONFIG
 
+    run_id = getattr(args, "run_id", None)
+    if args.command == "run" and run_id is None:
+        from dpspark.runner import new_run_id
+
+        run_id = new_run_id()
+    outcome = {"run_id": run_id, "attempt": None, "status": None, "exit_code": None, "epsilon_spent": 0.0,
+               "delta_spent": 0.0, "input_version": None, "outputs": None, "error": None}
+    with _signals_stop_the_run():
+        try:
+            if spark is None:
+                from dpspark.session import build_session
+
+                spark = build_session(config.spark.master, config.spark.app_name, dict(config.spark.conf))
+            if args.command == "advance":
+                # Publishes round parameters computed from clients' LDP reports (post-processing of
+                # what the clients already released); reads no private rows, charges nothing.
+                from dpspark.ldp.estimator import LocalDP
+
+                status = LocalDP.from_config(config).advance(spark)
+                print(status.get("message") or "ldp ingest: all rounds' reports are in; `dpspark run` releases the centers")
+                return EXIT_OK
+            from dpspark.runner import run
+
+            result = run(config, spark, run_id=run_id, force=bool(args.force))
+        except RunKilled as exc:
+            print(f"dpspark: run {run_id} {exc}; recorded as killed", file=sys.stderr)
+            _finish_outcome(outcome, spark, config, run_id, "killed", exc.exit_code, str(exc))
+            _print_json(as_json, outcome)
+            return exc.exit_code
+        except DPSparkError as exc:
+            print(f"dpspark: {type(exc).__name__}: {exc}", file=sys.stderr)
+            status = "refused" if exc.exit_code == EXIT_BUDGET else ("invalid_config" if exc.exit_code == EXIT_CONFIG else "failed")
+            _finish_outcome(outcome, spark, config, run_id, status, exc.exit_code, str(exc))
+            _print_json(as_json, outcome)
+            return exc.exit_code
+        except Exception as exc:  # any other failure: exit 1 with the reason
+            print(f"dpspark: run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            _finish_outcome(outcome, spark, config, run_id, "failed", EXIT_FAILURE, f"{type(exc).__name__}: {exc}")
+            _print_json(as_json, outcome)
+            return EXIT_FAILURE
+    if result.status == "already_succeeded":
+        print(f"run {run_id}: already succeeded (attempt {result.attempt}); nothing was charged or released. "
+              f"Use --force for a new release.", file=sys.stderr if as_json else sys.stdout)
+    elif not as_json:
+        _print_result(result)
+    s = result.summary
+    outcome.update(attempt=result.attempt, status=result.status, exit_code=EXIT_OK, epsilon_spent=s.get("epsilon_spent", 0.0),
+                   delta_spent=s.get("delta_spent", 0.0), input_version=(s.get("input") or {}).get("version"),
+                   outputs=s.get("outputs"))
+    _print_json(as_json, outcome)
+    return EXIT_OK
+
+
+def _finish_outcome(outcome, spark, config, run_id, status, code, error) -> None:
+    """Fill the JSON outcome of a failed attempt from its ``runs/`` row (attempt, charge, version)."""
+    outcome.update(status=status, exit_code=code, error=error[:2000])
+    if spark is None or run_id is None:
+        return
     try:
+        from dpspark import tables
+        from dpspark.runner import output_paths
+
+        attempts = tables.read_attempts(spark, output_paths(tables.qualify(config.output.path))["runs"], run_id)
+        if attempts:
+            last = attempts[-1]
+            outcome.update(attempt=last.get("attempt"), epsilon_spent=last.get("epsilon_spent") or 0.0,
+                           delta_spent=last.get("delta_spent") or 0.0, input_version=last.get("input_version"))
+    except Exception:
+        pass
+
+
+def _print_json(enabled: bool, outcome: dict) -> None:
+    if enabled:
+        print(json.dumps(outcome, default=str), flush=True)
+
+
+def _validate_locations(config) -> list[str]:
+    """The checks ``run`` makes before its charge that need no Spark: local output and ledger locations."""
+    import os
+
+    from dpspark import tables
+
+    problems = []
+    for key, path in (("output.path", config.output.path), ("privacy.ledger", config.privacy.ledger)):
+        local = tables.local_path(path) if path else None
+        if local is None:
+            continue
+        if os.path.exists(local) and not os.path.isdir(local):
+            problems.append(f"config key '{key}': {path!r} is a file, not a directory")
+    cand = getattr(config.algorithm.params, "candidate_table", None)
+    if cand:
+        local = tables.local_path(cand)
+        if local is not None and not os.path.exists(local):
+            problems.append(f"config key 'algorithm.candidate_table': {cand!r} does not exist")
+    return problems
+
+
+def _validate_warnings(config) -> list[str]:
+    out = []
+    b = config.privacy.budget
+    if b is not None and (config.privacy.epsilon > b.epsilon or config.privacy.delta > b.delta):
+        out.append(f"privacy.epsilon={config.privacy.epsilon:g}, privacy.delta={config.privacy.delta:g} exceed "
+                   f"privacy.budget (epsilon={b.epsilon:g}, delta={b.delta:g}): the run will be refused")
+    if config.seed is not None:
+        out.append(f"seed={config.seed}: the run is NOT PRIVATE (unsafe_fixed_seed)")
+    return out
+
+
+def _ledger_command(args, spark) -> int:
+    import math
+
+    if args.ledger_command == "set-budget":
+        if not (math.isfinite(args.epsilon) and args.epsilon > 0):
+            print(f"dpspark: invalid argument: --epsilon must be a finite number > 0, got {args.epsilon}", file=sys.stderr)
+            return EXIT_CONFIG
+        if not (0 <= args.delta < 1):
+            print(f"dpspark: invalid argument: --delta must be in [0, 1), got {args.delta}", file=sys.stderr)
+            return EXIT_CONFIG
+    try:
+        from dpspark import tables
+        from dpspark.privacy.ledger import Ledger
+
         if spark is None:
             from dpspark.session import build_session
 
-            spark = build_session(config.spark.master, config.spark.app_name, dict(config.spark.conf))
-        if args.command == "advance":
-            # Publishes round parameters computed from clients' LDP reports (post-processing of
-            # what the clients already released); reads no private rows, charges nothing.
-            from dpspark.ldp.estimator import LocalDP
-
-            status = LocalDP.from_config(config).advance(spark)
-            print(status.get("message") or "ldp ingest: all rounds' reports are in; `dpspark run` releases the centers")
+            spark = build_session(app_name="dpspark-ledger")
+        ledger = Ledger(spark, tables.qualify(args.ledger))
+        if args.ledger_command == "set-budget":
+            key = tables.ledger_key_of(spark, args.input)
+            totals = ledger.set_budget(key, args.epsilon, args.delta, guarantee=args.guarantee,
+                                       input_seen=tables.qualify(args.input), note=args.note)
+            print(f"ledger {ledger.path}: input {tables.qualify(args.input)} (key {key}) {args.guarantee} budget set to "
+                  f"epsilon={args.epsilon:g}, delta={args.delta:g}; spent so far epsilon={totals.spent_epsilon:g}, "
+                  f"delta={totals.spent_delta:g}")
             return EXIT_OK
-        from dpspark.runner import run
-
-        result = run(config, spark, run_id=args.run_id)
+        if not ledger.exists():
+            print(f"dpspark: no ledger at {ledger.path}", file=sys.stderr)
+            return EXIT_FAILURE
+        key = tables.ledger_key_of(spark, args.input) if args.input else None
+        balances, events = ledger.balances(key), ledger.events(key)
+        if args.json:
+            print(json.dumps({"ledger": ledger.path, "balances": balances, "events": events}, default=str))
+        else:
+            print(format_ledger(ledger.path, balances, events))
+        return EXIT_OK
     except DPSparkError as exc:
         print(f"dpspark: {type(exc).__name__}: {exc}", file=sys.stderr)
         return exc.exit_code
-    except Exception as exc:  # any other failure: exit 1 with the reason
-        print(f"dpspark: run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:
+        print(f"dpspark: ledger {args.ledger_command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    _print_result(result)
-    return EXIT_OK
+
+
+def _g(value) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def format_ledger(path: str, balances: list[dict], events: list[dict]) -> str:
+    lines = [f"ledger {path}", "", "balances (cap set by `dpspark ledger set-budget`; a run can only ask for less):"]
+    if not balances:
+        lines.append("  (none)")
+    for b in balances:
+        lines.append(f"  {b['input_seen'] or b['input_key']}  [{b['guarantee']}]  key {b['input_key']}")
+        lines.append(f"      cap epsilon={_g(b['cap_epsilon'])} delta={_g(b['cap_delta'])}   spent epsilon={_g(b['spent_epsilon'])} "
+                     f"delta={_g(b['spent_delta'])}   remaining epsilon={_g(b['remaining_epsilon'])} delta={_g(b['remaining_delta'])}")
+    lines += ["", "events (oldest first):"]
+    if not events:
+        lines.append("  (none)")
+    for e in events:
+        when = str(e.get("updated_at"))[:19]
+        if e["kind"] == "admin":
+            lines.append(f"  {when}  {e['status']:<10} {e.get('guarantee') or 'central'} cap epsilon={_g(e.get('cap_epsilon'))} "
+                         f"delta={_g(e.get('cap_delta'))} by {e.get('actor')}  input {e.get('input_seen') or e['input_path']}"
+                         + (f"  ({e['note']})" if e.get("note") else ""))
+        else:
+            attempt = f" attempt {e['attempt']}" if e.get("attempt") is not None else ""
+            charge = f" epsilon={_g(e['epsilon'])} delta={_g(e['delta'])}" if e["status"] == "charged" else ""
+            lines.append(f"  {when}  {e['status']:<10} run {e['run_id']}{attempt}{charge}"
+                         + (f" [{e['guarantee']}]" if e.get("guarantee") else "") + (f"  {e['note']}" if e.get("note") else ""))
+    return "\n".join(lines)
 
 
 def _print_result(result) -> None:
     s = result.summary
-    print(f"run {s['run_id']}: {s['status']} ({s['algorithm']}, {s['objective']}, k={s['k']})")
+    print(f"run {s['run_id']} (attempt {s.get('attempt', 1)}): {s['status']} ({s['algorithm']}, {s['objective']}, k={s['k']})")
     print(f"privacy spent: epsilon={s['epsilon_spent']:.6g}, delta={s['delta_spent']:.3g}"
-          + ("   [fixed seed: testing aid, NOT private]" if s["randomness"]["seed"] is not None else ""))
+          + (f" [{s['guarantee']} DP]" if s.get("guarantee") == "local" else "")
+          + ("   [fixed seed: testing aid, NOT PRIVATE]" if not s.get("private", True) else "")
+          + (f"   (reused the charge of attempt {s['charge_reused_from']})" if s.get("charge_reused_from") else ""))
     print("released centers (original units) and noisy weights:")
     names = s["feature_names"]
     print("  " + "  ".join(f"{n:>12s}" for n in names) + "  noisy_weight")

@@ -15,6 +15,8 @@ import dataclasses
 import importlib
 import math
 import os
+import re
+from datetime import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -36,10 +38,19 @@ FAMILIES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class InputConfig:
-    path: str
+    path: str | None
     format: str = "delta"
     features: tuple[str, ...] = ()
     privacy_unit: str | None = None
+    version: int | None = None  # Delta time travel: read this version ...
+    timestamp: str | None = None  # ... or the latest version at or before this time
+    where: str | None = None  # SQL row filter, applied before contribution bounding
+    table: str | None = None  # a catalog table name instead of path (Delta)
+
+    @property
+    def name(self) -> str:
+        """What the config names: the path, or the catalog table."""
+        return self.path if self.path is not None else f"table:{self.table}"
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,7 @@ class Config:
     seed: int | None = None
     diagnostics: bool = False
     spark: SparkConfig = field(default_factory=SparkConfig)
+    unsafe_fixed_seed: bool = False
 
     def to_dict(self) -> dict:
         """Plain, JSON-friendly view of the validated config (for the run record)."""
@@ -304,7 +316,8 @@ def check_number(key: str, v, *, low=None, high=None, low_open=False, high_open=
 # Validation
 
 
-TOP_KEYS = ("input", "domain", "privacy", "algorithm", "output", "seed", "diagnostics", "spark")
+TOP_KEYS = ("input", "domain", "privacy", "algorithm", "output", "seed", "unsafe_fixed_seed", "diagnostics", "spark")
+TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
 
 
 def validate(raw: dict) -> Config:
@@ -313,13 +326,31 @@ def validate(raw: dict) -> Config:
         if not top.has(required):
             raise ConfigError(required, "section is required")
 
-    inp = Section("input", raw["input"], ("path", "format", "features", "privacy_unit"))
+    inp = Section("input", raw["input"], ("path", "format", "features", "privacy_unit", "version", "timestamp", "where", "table"))
+    if inp.has("path") == inp.has("table"):
+        raise ConfigError("input.path", "give exactly one of input.path (a table location) and input.table (a catalog table name)")
+    table = inp.string("table")
+    if table is not None and not TABLE_NAME.match(table):
+        raise ConfigError("input.table", f"{table!r} is not a table name (name, db.name or catalog.db.name)")
     input_cfg = InputConfig(
-        path=inp.string("path", required=True),
+        path=inp.string("path"),
         format=inp.string("format", "delta", choices=FORMATS),
         features=inp.strings("features", required=True),
         privacy_unit=inp.string("privacy_unit"),
+        version=inp.integer("version", None, low=0),
+        timestamp=inp.string("timestamp"),
+        where=inp.string("where"),
+        table=table,
     )
+    if input_cfg.version is not None and input_cfg.timestamp is not None:
+        raise ConfigError("input.timestamp", "give input.version or input.timestamp, not both")
+    if (input_cfg.version is not None or input_cfg.timestamp is not None or table is not None) and input_cfg.format != "delta":
+        raise ConfigError("input.format", f"input.version, input.timestamp and input.table need format delta, got {input_cfg.format!r}")
+    if input_cfg.timestamp is not None:
+        try:
+            datetime.fromisoformat(input_cfg.timestamp.replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError("input.timestamp", f"{input_cfg.timestamp!r} is not a timestamp (ISO 8601, e.g. '2026-11-30 12:00:00')") from None
     if input_cfg.privacy_unit in input_cfg.features:
         raise ConfigError("input.privacy_unit", f"{input_cfg.privacy_unit!r} is also a feature column")
 
@@ -359,7 +390,17 @@ def validate(raw: dict) -> Config:
     output_cfg = OutputConfig(path=out.string("path", required=True), report=out.boolean("report", True))
 
     seed = top.integer("seed", None, low=0, high=2**63 - 1)
+    unsafe_fixed_seed = top.boolean("unsafe_fixed_seed", False)
+    if seed is not None and not unsafe_fixed_seed:
+        raise ConfigError("seed", "a fixed seed makes every noise draw reproducible from the config, so the run is NOT "
+                                  "private; it is a testing aid and needs unsafe_fixed_seed: true as well")
     diagnostics = top.boolean("diagnostics", False)
+    if diagnostics and privacy_cfg.ledger is not None:
+        raise ConfigError("diagnostics", "non-private diagnostics cannot be switched on in a run charged to a privacy "
+                                         "ledger (privacy.ledger is set)")
+    cand_table = getattr(params, "candidate_table", None)
+    if cand_table and input_cfg.path is not None and _same_local_path(cand_table, input_cfg.path):
+        raise ConfigError("algorithm.candidate_table", f"{cand_table!r} is the input table itself: candidates must be PUBLIC")
 
     sp = Section("spark", raw.get("spark"), ("master", "app_name", "conf"))
     conf = sp.raw("conf", {})
@@ -371,7 +412,15 @@ def validate(raw: dict) -> Config:
         conf=tuple(sorted((str(a), _spark_value(b)) for a, b in conf.items())),
     )
     return Config(input=input_cfg, domain=domain_cfg, privacy=privacy_cfg, algorithm=algorithm_cfg,
-                  output=output_cfg, seed=seed, diagnostics=diagnostics, spark=spark_cfg)
+                  output=output_cfg, seed=seed, diagnostics=diagnostics, spark=spark_cfg,
+                  unsafe_fixed_seed=unsafe_fixed_seed)
+
+
+def _same_local_path(a: str, b: str) -> bool:
+    """True when two paths name the same local location (any spelling); URIs compare as written."""
+    from dpspark.tables import canonical_path
+
+    return canonical_path(None, a) == canonical_path(None, b)
 
 
 def _spark_value(v) -> str:

@@ -41,3 +41,22 @@ class PrivacyAccountingError(DPSparkError):
     """
 
     exit_code = 1
+
+
+class RunKilled(BaseException):
+    """The run was stopped by a signal (SIGTERM from a scheduler's timeout, SIGINT from Ctrl-C).
+
+    A ``BaseException`` so that no ``except Exception`` on the way swallows it; the runner records
+    the attempt as ``killed`` and the command line exits with 128 + the signal number.
+    """
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        try:
+            name = signal.Signals(self.signum).name
+        except ValueError:
+            name = str(self.signum)
+        super().__init__(f"stopped by {name}")

@@ -1,18 +1,38 @@
-"""One run of a job, from a validated config to its outputs.
+"""One run of a job, from a validated config to its outputs: one ATTEMPT of a run id.
 
-    check the input's schema (metadata only)
-    -> charge the ledger with the run's declared (epsilon, delta), or refuse (exit 3)
+    pre-flight, no Spark job over the data: output and ledger locations usable
+    -> earlier attempts of this run id (``runs/``): a run id that succeeded is not run again
+       (exit 0, nothing charged or released) unless ``force``
+    -> a ``running`` row in ``runs/`` (attempt N) and a ``started`` ledger event
+    -> open the input (schema, Delta version: a retry reads its first attempt's version),
+       check every public input (candidate table, ldp rounds) BEFORE the charge
+    -> charge the ledger with the run's declared (epsilon, delta), or refuse (exit 3); or reuse
+       the charge of an earlier attempt that provably released nothing (below)
     -> fit the family's estimator (reads the data; every noisy release is charged)
-    -> write centers/, report.png, runs/ and, last, summary.json
+    -> write centers/, report.png, runs/ and, last, summary.json and summary/<run_id>.json
 
-A failure after the charge leaves no centers and no summary.json: rows this run
-wrote are removed, the run is recorded as failed in ``runs/`` and in the ledger,
-and the charge stays.
+Statuses of an attempt in ``runs/``: running, then succeeded, failed, refused, killed (SIGTERM or
+SIGINT: the command line turns the signal into ``RunKilled``), or awaiting (ldp ingest mode, nothing
+charged). A failure leaves no centers and no summary.json (a stale one from an earlier run is
+removed when an attempt starts): rows this attempt wrote are removed, the attempt is recorded with
+its status in ``runs/`` and in the ledger, and any charge stays.
+
+Reusing a charge. An attempt that was charged but ended (failed or killed, recorded) BEFORE its fit
+started never read a private value (only the table's schema and version) and never drew noise, so
+it released nothing: its charge covers nothing yet. The next attempt of the same run id may use it
+instead of charging again, once (the reusing attempt then holds the charge). An attempt whose fit
+started, or whose end was never recorded (SIGKILL), is charged for good: its noisy values may have
+reached a log.
+
+Outputs carry only released values and public parameters. Wall times and pass counts depend on
+the data: they go to ``runs/`` (column ``non_private_operational``, the operator's log), and to
+summary.json and the report only with ``diagnostics: true``, labelled NON-PRIVATE.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import os
 import secrets
@@ -24,8 +44,8 @@ from datetime import datetime, timezone
 import numpy as np
 
 from dpspark import __version__, tables
-from dpspark.errors import BudgetRefused, DPSparkError, PrivacyAccountingError
-from dpspark.privacy.ledger import Ledger
+from dpspark.errors import BudgetRefused, DPSparkError, PrivacyAccountingError, RunKilled
+from dpspark.privacy.ledger import NOT_PRIVATE_NOTE, Ledger
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import log, step
 
@@ -52,6 +72,8 @@ class RunResult:
     summary: dict
     outputs: dict
     model: object = None
+    attempt: int = 1
+    exit_code: int = 0
 
 
 def output_paths(output_path: str) -> dict:
@@ -65,18 +87,41 @@ def output_paths(output_path: str) -> dict:
     }
 
 
+def run_summary_path(paths: dict, run_id: str) -> str:
+    """Per-run copy of summary.json: ``summary/<run_id>.json`` beside it."""
+    return paths["summary"][: -len("summary.json")] + f"summary/{run_id}.json"
+
+
 def _now():
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-def run(config, spark, run_id: str | None = None, randomness: Randomness | None = None) -> RunResult:
+def _reusable_charge(earlier: list[dict], input_key: str, plan: tuple, guarantee: str, ledger, run_id: str):
+    """The attempt number whose charge this attempt may reuse, or None (see the module docstring)."""
+    if not earlier or ledger is None:
+        return None
+    last = earlier[-1]
+    if not (last.get("status") in ("failed", "killed") and last.get("charged") and last.get("fit_started") is False):
+        return None
+    if last.get("input_key") != input_key or last.get("guarantee") != guarantee:
+        return None
+    if not (math.isclose(last.get("epsilon_spent") or 0.0, plan[0], rel_tol=1e-12)
+            and math.isclose(last.get("delta_spent") or 0.0, plan[1], rel_tol=1e-12, abs_tol=1e-300)):
+        return None
+    # The ledger must agree: that attempt holds a charge (its own or reused) and nothing released after it.
+    events = [e for e in ledger.runs(input_key) if e["run_id"] == run_id]
+    held = [e for e in events if e.get("attempt") == last["attempt"] and e["status"] in ("charged", "reused")]
+    done = [e for e in events if e["status"] == "succeeded"]
+    return int(last["attempt"]) if held and not done else None
+
+
+def run(config, spark, run_id: str | None = None, randomness: Randomness | None = None, force: bool = False) -> RunResult:
     run_id = run_id or new_run_id()
     if not tables.RUN_ID_PATTERN.match(run_id):
         raise ValueError(f"invalid run id {run_id!r}")
     started = _now()
     timings: dict = {}
     paths = output_paths(tables.qualify(config.output.path))
-    input_path = tables.qualify(config.input.path)
     randomness = randomness or Randomness(config.seed)
     estimator = estimator_class(config.algorithm.name).from_config(config, randomness=randomness)
     plan_eps, plan_delta = estimator.privacy_plan()
@@ -85,104 +130,198 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             f"{config.algorithm.name} would spend epsilon={plan_eps:g}, delta={plan_delta:g}, over the configured "
             f"privacy.epsilon={config.privacy.epsilon:g}, privacy.delta={config.privacy.delta:g}"
         )
-    if randomness.seed is not None:
-        log.warning("seed=%s: a testing aid; this run is NOT private", randomness.seed)
+    guarantee = getattr(estimator, "guarantee", "central")
+    private = randomness.private
+    privacy_note = None if private else "NOT PRIVATE: fixed seed (testing aid)"
+    if not private:
+        log.warning("seed=%s: a testing aid; this run is NOT PRIVATE", randomness.seed)
+
+    # Pre-flight: nothing is written, no data is read.
+    with step("pre-flight checks", timings):
+        tables.check_output_location(spark, config.output.path)
+        ledger = None
+        if config.privacy.ledger:
+            ledger_path = tables.qualify(config.privacy.ledger)
+            tables.check_output_location(spark, ledger_path)
+            ledger = Ledger(spark, ledger_path)
+        earlier = tables.read_attempts(spark, paths["runs"], run_id)
+
+    done = [a for a in earlier if a.get("status") == "succeeded"]
+    if done and not force:
+        last = done[-1]
+        log.info("run %s already succeeded (attempt %s): nothing charged, nothing released; --force makes a new release",
+                 run_id, last["attempt"])
+        summary = {"run_id": run_id, "status": "already_succeeded", "attempt": last["attempt"],
+                   "algorithm": last.get("algorithm"), "epsilon_spent": 0.0, "delta_spent": 0.0,
+                   "input": {"path": last.get("input_path"), "version": last.get("input_version")},
+                   "outputs": {"summary": run_summary_path(paths, run_id), "centers": paths["centers"]}}
+        return RunResult(run_id=run_id, status="already_succeeded", summary=summary, outputs=paths, attempt=int(last["attempt"]))
+    attempt = max((int(a["attempt"]) for a in earlier), default=0) + 1
+    pinned = next((a.get("input_version") for a in earlier if a.get("input_version") is not None), None)
 
     record = {
-        "run_id": run_id, "status": "running", "algorithm": config.algorithm.name,
+        "run_id": run_id, "attempt": attempt, "status": "running", "algorithm": config.algorithm.name,
         "objective": config.algorithm.objective, "k": config.algorithm.k,
         "parameters": _json(config.to_dict()), "epsilon_spent": 0.0, "delta_spent": 0.0,
         "epsilon_configured": config.privacy.epsilon, "delta_configured": config.privacy.delta,
-        "charges": "[]", "input_path": input_path, "input_format": config.input.format,
-        "input_version": None, "dpspark_version": __version__, "started_at": started, "ended_at": None,
-        "seed": randomness.seed, "private": randomness.private, "error": None,
+        "charges": "[]", "input_path": config.input.name, "input_key": None, "input_format": config.input.format,
+        "input_version": None, "input_where": config.input.where, "dpspark_version": __version__,
+        "started_at": started, "ended_at": None, "seed": randomness.seed, "private": private,
+        "privacy_note": privacy_note, "guarantee": guarantee, "charge_reused_from": None, "error": None,
+        "charged": False, "fit_started": False, "non_private_operational": None,
     }
-
-    with step("read input table (schema and version)", timings):
-        df, version = tables.load_table(spark, input_path, config.input.format)
-        tables.check_schema(df, config.input.features, config.input.privacy_unit, config.domain.dim)
-    record["input_version"] = version
-
-    # Families whose inputs arrive over time (ldp ingest mode) say here, before any charge,
-    # whether the run can release; if not, nothing is charged or released (exit 1).
-    ready = getattr(estimator, "check_ready", None)
-    if ready is not None:
-        try:
-            with step("check that every input is in", timings):
-                ready(spark)
-        except DPSparkError as exc:
-            record.update(status="awaiting", ended_at=_now(), error=str(exc)[:4000])
-            tables.write_run_record(spark, paths["runs"], record)
-            raise
-
-    ledger = Ledger(spark, tables.qualify(config.privacy.ledger)) if config.privacy.ledger else None
-    ledger_totals = None
-    if ledger is not None:
-        budget = config.privacy.budget
-        try:
-            with step("privacy ledger: charge", timings):
-                ledger_totals = ledger.charge(
-                    input_path, run_id, config.algorithm.name, plan_eps, plan_delta,
-                    budget.epsilon if budget else None, budget.delta if budget else None,
-                )
-        except BudgetRefused as exc:
-            record.update(status="refused", ended_at=_now(), error=str(exc))
-            tables.write_run_record(spark, paths["runs"], record)
-            raise
-        # The charge is written; from here on the budget stays spent whatever happens.
-        record.update(epsilon_spent=plan_eps, delta_spent=plan_delta)
-
-    wrote_report = False
+    # A new attempt: the previous summary.json must not be read as this run's result.
+    tables.delete_file(spark, paths["summary"])
+    tables.write_run_record(spark, paths["runs"], record)
+    input_key = None
+    wrote_outputs = False
     try:
+        with step("read input table (schema and version)", timings):
+            table = tables.load_input(spark, config.input, version=pinned)
+            tables.check_schema(table.df, config.input.features, config.input.privacy_unit, config.domain.dim)
+        input_key = table.ledger_key
+        record.update(input_path=table.path, input_key=input_key, input_version=table.version)
+        if ledger is not None:
+            with step("privacy ledger: start", timings):
+                ledger.mark(input_key, run_id, "started", attempt=attempt, guarantee=guarantee,
+                            note=None if private else NOT_PRIVATE_NOTE)
+        if pinned is not None and config.input.version is None and config.input.timestamp is None:
+            log.info("attempt %d of run %s reads version %s of the input, as its first attempt did", attempt, run_id, pinned)
+
+        # Every public input is checked before the charge (a missing candidate table burns nothing).
+        preflight = getattr(estimator, "preflight", None)
+        if preflight is not None:
+            with step("check the public inputs", timings):
+                preflight(spark, input_key)
+        # Families whose inputs arrive over time (ldp ingest mode) say here, before any charge,
+        # whether the run can release; if not, nothing is charged or released (exit 1).
+        ready = getattr(estimator, "check_ready", None)
+        if ready is not None:
+            try:
+                with step("check that every input is in", timings):
+                    ready(spark)
+            except DPSparkError as exc:
+                record.update(status="awaiting", ended_at=_now(), error=str(exc)[:4000])
+                _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee, input_key)
+                raise _Recorded(exc) from None
+
+        ledger_totals = None
+        if ledger is not None:
+            budget = config.privacy.budget
+            reuse = _reusable_charge(earlier, input_key, (plan_eps, plan_delta), guarantee, ledger, run_id)
+            try:
+                with step("privacy ledger: charge", timings):
+                    if reuse is not None:
+                        ledger.mark(input_key, run_id, "reused", attempt=attempt, guarantee=guarantee,
+                                    note=f"reuses the charge of attempt {reuse}, which ended before its fit started")
+                        ledger_totals = ledger.totals(input_key, budget.epsilon if budget else None,
+                                                      budget.delta if budget else None, guarantee=guarantee)
+                        record["charge_reused_from"] = reuse
+                        log.info("attempt %d reuses the charge of attempt %d (it released nothing)", attempt, reuse)
+                    else:
+                        ledger_totals = ledger.charge(
+                            input_key, run_id, config.algorithm.name, plan_eps, plan_delta,
+                            budget.epsilon if budget else None, budget.delta if budget else None,
+                            guarantee=guarantee, attempt=attempt, input_seen=table.path, private=private,
+                        )
+            except BudgetRefused as exc:
+                record.update(status="refused", ended_at=_now(), error=str(exc))
+                _record_end(spark, paths, record, None, config, run_id, attempt, guarantee)
+                raise _Recorded(exc) from None
+            # The charge is written; from here on the budget stays spent whatever happens.
+            record.update(epsilon_spent=plan_eps, delta_spent=plan_delta, charged=True)
+
+        record["fit_started"] = True
+        operational: dict = {}
         with step(f"{config.algorithm.name}: fit", timings):
-            model = estimator.fit(df, timings=timings)
+            model = estimator.fit(table.df, timings=timings, operational=operational)
         if not (math.isclose(model.epsilon_spent, plan_eps, rel_tol=1e-9, abs_tol=1e-12)
                 and math.isclose(model.delta_spent, plan_delta, rel_tol=1e-9, abs_tol=1e-15)):
             raise PrivacyAccountingError(
                 f"{config.algorithm.name} declared epsilon={plan_eps!r}, delta={plan_delta!r} but charged "
                 f"epsilon={model.epsilon_spent!r}, delta={model.delta_spent!r}"
             )
-        diagnostics = _diagnostics(spark, model, df) if config.diagnostics else None
+        diagnostics = _diagnostics(spark, model, table.df) if config.diagnostics else None
         record.update(epsilon_spent=model.epsilon_spent, delta_spent=model.delta_spent, charges=_json(model.charges))
+        wrote_outputs = True  # from here a failure deletes what this attempt wrote
         with step("write centers table", timings):
-            tables.write_centers(spark, paths["centers"], run_id, model.feature_names, model.centers, model.noisy_weights)
+            tables.write_centers(spark, paths["centers"], run_id, model.feature_names, model.centers,
+                                 model.noisy_weights, private=private)
         summary = {
-            "run_id": run_id, "status": "succeeded", "algorithm": config.algorithm.name,
+            "run_id": run_id, "attempt": attempt, "status": "succeeded", "algorithm": config.algorithm.name,
             "objective": config.algorithm.objective, "k": config.algorithm.k,
+            "private": private, "privacy_note": privacy_note, "guarantee": guarantee,
             "epsilon_spent": model.epsilon_spent, "delta_spent": model.delta_spent,
             "epsilon_configured": config.privacy.epsilon, "delta_configured": config.privacy.delta,
             "centers": model.centers.tolist(), "noisy_weights": model.noisy_weights.tolist(),
             "feature_names": model.feature_names, "charges": model.charges,
-            "parameters": model.parameters, "input": {"path": input_path, "format": config.input.format, "version": version},
-            "ledger": _ledger_view(ledger_totals, plan_eps, plan_delta),
+            "charge_reused_from": record["charge_reused_from"],
+            "parameters": model.parameters,
+            "input": {"path": table.path, "key": input_key, "format": config.input.format, "version": table.version,
+                      "where": config.input.where},
+            "ledger": _ledger_view(ledger_totals),
             "randomness": randomness.describe(),
-            "outputs": dict(paths) if config.output.report else {k: v for k, v in paths.items() if not k.startswith("report")},
+            "outputs": _listed_outputs(paths, run_id, config.output.report),
         }
         if diagnostics is not None:
             summary["non_private_diagnostics"] = {k: v for k, v in diagnostics.items() if k != "data_sample"}
         if config.output.report:
             with step("write report.png", timings):
-                wrote_report = True  # from here a failure deletes report.png and report.html
                 _write_report(spark, paths["report"], paths["report_html"], summary, timings, diagnostics)
-        summary["timings"] = _phase_timings(timings, config.algorithm.name)
+        if diagnostics is not None:
+            summary["non_private_timings"] = _phase_timings(timings, config.algorithm.name)
         record.update(status="succeeded", ended_at=_now())
         with step("write runs table and summary.json", timings):
+            record["non_private_operational"] = _json({"timings": {k: round(v, 3) for k, v in timings.items()}, **operational})
             tables.write_run_record(spark, paths["runs"], record)
+            tables.write_json(spark, run_summary_path(paths, run_id), summary)
             tables.write_json(spark, paths["summary"], summary)
+    except _Recorded as recorded:
+        raise recorded.error
     except BaseException as exc:
-        log.error("run %s failed: %s", run_id, exc)
-        _cleanup(spark, paths, run_id, wrote_report)
-        record.update(status="failed", ended_at=_now(), error=f"{type(exc).__name__}: {exc}"[:4000])
+        killed = isinstance(exc, RunKilled)
+        log.error("run %s attempt %d %s: %s", run_id, attempt, "killed" if killed else "failed", exc)
+        if killed:
+            _cancel_jobs(spark)
+        if wrote_outputs:
+            _cleanup(spark, paths, run_id)
+        record.update(status="killed" if killed else "failed", ended_at=_now(), error=f"{type(exc).__name__}: {exc}"[:4000])
+        record["non_private_operational"] = _json({"timings": {k: round(v, 3) for k, v in timings.items()}})
         try:
-            tables.write_run_record(spark, paths["runs"], record)
-            if ledger is not None:
-                ledger.mark(input_path, run_id, "failed")
+            _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee, input_key)
         except Exception:  # recording the failure must not hide the failure
-            log.error("could not record the failure of run %s:\n%s", run_id, traceback.format_exc())
+            log.error("could not record the end of run %s:\n%s", run_id, traceback.format_exc())
         raise
     if ledger is not None:
-        ledger.mark(input_path, run_id, "succeeded")
-    return RunResult(run_id=run_id, status="succeeded", summary=summary, outputs=paths, model=model)
+        ledger.mark(input_key, run_id, "succeeded", attempt=attempt, guarantee=guarantee)
+    return RunResult(run_id=run_id, status="succeeded", summary=summary, outputs=paths, model=model, attempt=attempt)
+
+
+class _Recorded(Exception):
+    """An error whose end was already recorded (refused, awaiting): re-raised as is."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee, input_key=None) -> None:
+    tables.write_run_record(spark, paths["runs"], record)
+    if ledger is not None:
+        ledger.mark(input_key or config.input.name, run_id, record["status"], attempt=attempt, guarantee=guarantee)
+
+
+def _cancel_jobs(spark) -> None:
+    try:
+        spark.sparkContext.cancelAllJobs()
+    except Exception:
+        log.error("could not cancel the Spark jobs of a killed run:\n%s", traceback.format_exc())
+
+
+def _listed_outputs(paths: dict, run_id: str, report: bool) -> dict:
+    out = {k: v for k, v in paths.items() if report or not k.startswith("report")}
+    out["run_summary"] = run_summary_path(paths, run_id)
+    return out
 
 
 RUNNER_STEPS = ("read input table (schema and version)", "privacy ledger: charge", "write centers table",
@@ -190,36 +329,28 @@ RUNNER_STEPS = ("read input table (schema and version)", "privacy ledger: charge
 
 
 def _phase_timings(timings: dict, algorithm: str) -> dict:
-    """Wall times of the run's fixed phases only, for summary.json and the report.
-
-    Per-pass timings stay in the log: their number and names can depend on the data
-    (e.g. maxcover's fallback passes), and outputs carry only released values and
-    coarse operational metadata. Wall times are operational metadata, not DP releases.
-    """
+    """Wall times of the run's fixed phases (NON-PRIVATE operational metadata: they grow with n)."""
     names = (*RUNNER_STEPS[:2], f"{algorithm}: fit", *RUNNER_STEPS[2:])
     return {name: round(timings[name], 3) for name in names if name in timings}
 
 
-def _ledger_view(totals, plan_eps, plan_delta):
+def _ledger_view(totals):
     if totals is None:
         return None
-    view = totals.as_dict()
     # ``totals`` was read right after this run's charge, so it includes it.
-    return view
+    return totals.as_dict()
 
 
 def _json(value) -> str:
-    import json
-
     return json.dumps(value, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o))
 
 
-def _cleanup(spark, paths, run_id, wrote_report):
+def _cleanup(spark, paths, run_id):
     try:
         tables.delete_run_rows(spark, paths["centers"], run_id)
-        if wrote_report:
-            tables.delete_file(spark, paths["report"])
-            tables.delete_file(spark, paths["report_html"])
+        for key in ("report", "report_html", "summary"):
+            tables.delete_file(spark, paths[key])
+        tables.delete_file(spark, run_summary_path(paths, run_id))
     except Exception:
         log.error("cleanup after a failed run left something behind:\n%s", traceback.format_exc())
 
@@ -233,8 +364,10 @@ def _write_report(spark, path, html_path, summary, timings, diagnostics):
         "epsilon_configured": summary["epsilon_configured"], "delta_configured": summary["delta_configured"],
         "centers": summary["centers"], "noisy_weights": summary["noisy_weights"],
         "feature_names": summary["feature_names"], "charges": summary["charges"], "ledger": summary["ledger"],
-        "parameters": summary["parameters"], "timings": _phase_timings(timings, summary["algorithm"]),
-        "seed_note": summary["randomness"]["seed_note"], "diagnostics": diagnostics,
+        "parameters": summary["parameters"],
+        # Wall times grow with n: drawn only beside the other non-private diagnostics.
+        "timings": _phase_timings(timings, summary["algorithm"]) if diagnostics is not None else {},
+        "seed_note": summary["privacy_note"], "diagnostics": diagnostics,
     }
     with tempfile.TemporaryDirectory() as tmp:
         local = os.path.join(tmp, "report.png")

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 
 from dpspark.errors import SchemaError
 from dpspark.privacy.bounding import bound_contributions
@@ -29,11 +30,49 @@ UNIT_PREFIX = "_u"
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
+def local_path(path: str) -> str | None:
+    """The local file-system path of ``path`` (no scheme, or ``file:``, ``file://``, ``file:///``), else None."""
+    if path.startswith("file:"):
+        rest = path[len("file:"):]
+        if rest.startswith("//"):
+            rest = rest[2:]
+            host, slash, tail = rest.partition("/")
+            if host not in ("", "localhost"):
+                return None
+            rest = "/" + tail
+        return rest or "/"
+    if "://" in path:
+        return None
+    return path
+
+
 def qualify(path: str) -> str:
-    """An absolute form of a local path (``data/x`` and ``./data/x`` are the same table); URIs unchanged."""
-    if "://" in path or path.startswith("file:"):
-        return path
-    return os.path.abspath(path)
+    """An absolute form of a path: local paths (also ``file:...``) become absolute file-system paths
+    (``data/x``, ``./data/x`` and ``file:/abs/data/x`` are the same table); other URIs unchanged."""
+    local = local_path(path)
+    if local is not None:
+        return os.path.abspath(local)
+    return path
+
+
+def canonical_path(spark, path: str) -> str:
+    """One spelling per location, for ledger keys: ``file:`` + the real path (symlinks resolved, no
+    trailing slash, no ``//``) locally; for other schemes Hadoop's normalised, qualified URI (lower-case
+    scheme, duplicate and trailing slashes removed)."""
+    local = local_path(path)
+    if local is not None:
+        return "file:" + os.path.realpath(os.path.abspath(local))
+    scheme, sep, rest = path.partition("://")
+    text = scheme.lower() + sep + rest
+    if spark is None:
+        return text
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(text)
+    try:
+        fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        return str(fs.makeQualified(hpath).toString()).rstrip("/") or "/"
+    except Exception:  # no file system for the scheme here: Hadoop's normalisation only
+        return str(hpath.toString()).rstrip("/") or "/"
 
 
 def unit_columns(dim: int) -> list[str]:
@@ -45,8 +84,9 @@ def unit_columns(dim: int) -> list[str]:
 
 
 def _exists(spark, path: str) -> bool:
-    if "://" not in path:
-        return os.path.exists(path)
+    local = local_path(path)
+    if local is not None:
+        return os.path.exists(local)
     jvm = spark.sparkContext._jvm
     hpath = jvm.org.apache.hadoop.fs.Path(path)
     fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
@@ -54,23 +94,127 @@ def _exists(spark, path: str) -> bool:
 
 
 def load_table(spark, path: str, fmt: str):
-    """Load a table; return (DataFrame, Delta version or None). Missing table -> SchemaError."""
+    """Load a table; return (DataFrame, Delta version or None). Missing table -> SchemaError.
+
+    CSV is read with every column as a string (no type inference from the data); ``load_input``
+    casts the feature columns to double.
+    """
+    table = _open(spark, qualify(path), fmt, None, None)
+    return table.df, table.version
+
+
+@dataclass(frozen=True)
+class InputTable:
+    """The private input as one run reads it. ``ledger_key`` is the one budget the table has, whatever
+    the spelling of its path: ``delta-table:<id>`` for Delta (the id in the table's metadata, so a moved
+    or re-registered table keeps its balance), else the canonical path. ``path`` is what a person wrote
+    (qualified), for the record."""
+
+    df: object
+    path: str
+    ledger_key: str
+    version: int | None
+    where: str | None = None
+
+
+def _open(spark, path: str, fmt: str, version: int | None, timestamp: str | None) -> InputTable:
     if not _exists(spark, path):
         raise SchemaError(f"input table not found: input.path={path!r} does not exist")
     if fmt == "delta":
         from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
 
         if not DeltaTable.isDeltaTable(spark, path):
             raise SchemaError(f"input.path={path!r} is not a Delta table (set input.format to parquet or csv?)")
-        version = DeltaTable.forPath(spark, path).history(1).select("version").first()["version"]
+        table = DeltaTable.forPath(spark, path)
+        table_id = table.detail().select("id").first()["id"]
+        history = table.history()
+        latest = int(table.history(1).select("version").first()["version"])
+        if timestamp is not None:
+            found = history.where(F.col("timestamp") <= F.to_timestamp(F.lit(timestamp))).agg(F.max("version")).first()[0]
+            if found is None:
+                raise SchemaError(f"input.timestamp={timestamp!r}: the table {path!r} has no version at or before that time")
+            version = int(found)
+        elif version is None:
+            version = latest
+        elif version > latest:
+            raise SchemaError(f"input.version={version} does not exist: the latest version of {path!r} is {latest}")
         df = spark.read.format("delta").option("versionAsOf", int(version)).load(path)
-        return df, int(version)
+        return InputTable(df=df, path=path, ledger_key=f"delta-table:{table_id}", version=int(version))
+    if version is not None or timestamp is not None:
+        raise SchemaError(f"input.version and input.timestamp need a Delta table; {path!r} is read as {fmt}")
     try:
         if fmt == "parquet":
-            return spark.read.parquet(path), None
-        return spark.read.option("header", True).option("inferSchema", True).csv(path), None
+            df = spark.read.parquet(path)
+        else:
+            df = spark.read.option("header", True).option("inferSchema", False).option("enforceSchema", False).csv(path)
     except Exception as exc:
         raise SchemaError(f"cannot read input.path={path!r} as {fmt}: {exc}") from None
+    return InputTable(df=df, path=path, ledger_key=canonical_path(spark, path), version=None)
+
+
+def ledger_key_of(spark, path: str, fmt: str | None = None) -> str:
+    """The ledger key of the table at ``path`` (see ``InputTable``). ``fmt`` None: Delta if it is one."""
+    path = qualify(path)
+    if fmt is None:
+        from delta.tables import DeltaTable
+
+        fmt = "delta" if _exists(spark, path) and DeltaTable.isDeltaTable(spark, path) else "parquet"
+    if fmt != "delta":
+        if not _exists(spark, path):
+            raise SchemaError(f"table not found: {path!r} does not exist")
+        return canonical_path(spark, path)
+    return _open(spark, path, "delta", None, None).ledger_key
+
+
+def load_input(spark, input_cfg, version: int | None = None) -> InputTable:
+    """Open the input a config names (``input.path`` or ``input.table``, time travel, ``input.where``).
+
+    Only the feature columns and the privacy unit are kept (other columns are never read). CSV
+    features are cast to double without looking at the data: a cell that is not a number becomes
+    null and its row is dropped later, like a missing value. ``version`` pins a Delta version (a
+    retry reads what its first attempt read) unless the config gives one.
+    """
+    from pyspark.sql import functions as F
+
+    path, fmt = input_cfg.path, input_cfg.format
+    if getattr(input_cfg, "table", None):
+        path, fmt = _catalog_location(spark, input_cfg.table), "delta"
+    pinned = input_cfg.version if input_cfg.version is not None else (version if input_cfg.timestamp is None else None)
+    table = _open(spark, qualify(path), fmt, pinned, input_cfg.timestamp)
+    df = table.df
+    wanted = list(input_cfg.features) + ([input_cfg.privacy_unit] if input_cfg.privacy_unit else [])
+    missing = [c for c in wanted if c not in df.columns]
+    if missing:
+        what = "privacy unit column" if missing[0] == input_cfg.privacy_unit else "feature column"
+        key = "input.privacy_unit" if missing[0] == input_cfg.privacy_unit else "input.features"
+        raise SchemaError(f"{what} {missing[0]!r} ({key}) not found; the table has columns {sorted(df.columns)}")
+    if input_cfg.where:
+        from dpspark.errors import ConfigError
+
+        try:
+            df = df.where(input_cfg.where)
+        except Exception as exc:
+            raise ConfigError("input.where", f"{input_cfg.where!r} is not a valid SQL predicate on this table: {str(exc).splitlines()[0]}") from None
+    if fmt == "csv":
+        cols = [F.col(f"`{c}`").try_cast("double").alias(c) for c in input_cfg.features]
+        if input_cfg.privacy_unit:
+            cols.append(F.col(f"`{input_cfg.privacy_unit}`"))
+        df = df.select(*cols)
+    else:
+        df = df.select(*[F.col(f"`{c}`") for c in wanted])
+    return InputTable(df=df, path=table.path, ledger_key=table.ledger_key, version=table.version, where=input_cfg.where)
+
+
+def _catalog_location(spark, name: str) -> str:
+    """The location of the catalog table ``name`` (a Delta table)."""
+    try:
+        row = spark.sql(f"DESCRIBE DETAIL {name}").select("format", "location").first()
+    except Exception as exc:
+        raise SchemaError(f"input.table={name!r}: no such Delta table in the catalog ({str(exc).splitlines()[0]})") from None
+    if row is None or str(row["format"]).lower() != "delta":
+        raise SchemaError(f"input.table={name!r} is not a Delta table")
+    return str(row["location"])
 
 
 def _feature_expressions(df, features: tuple[str, ...], dim: int):
@@ -190,13 +334,15 @@ def _delta_exists(spark, path: str) -> bool:
     return _exists(spark, path) and DeltaTable.isDeltaTable(spark, path)
 
 
-def replace_run_rows(spark, df, path: str, run_id: str) -> None:
-    """Write ``df`` (rows of one run) so that the table holds exactly these rows for ``run_id``."""
+def replace_run_rows(spark, df, path: str, run_id: str, attempt: int | None = None) -> None:
+    """Write ``df`` (rows of one run, or of one attempt of it) so that the table holds exactly these
+    rows for ``run_id`` (and ``attempt``)."""
     if not RUN_ID_PATTERN.match(run_id):
         raise ValueError(f"invalid run id {run_id!r}")
     writer = df.write.format("delta").option("mergeSchema", "true")
     if _delta_exists(spark, path):
-        writer.mode("overwrite").option("replaceWhere", f"run_id = '{run_id}'").save(path)
+        where = f"run_id = '{run_id}'" + ("" if attempt is None else f" AND attempt = {int(attempt)}")
+        writer.mode("overwrite").option("replaceWhere", where).save(path)
     else:
         writer.mode("append").save(path)
 
@@ -209,34 +355,81 @@ def delete_run_rows(spark, path: str, run_id: str) -> None:
         DeltaTable.forPath(spark, path).delete(F.col("run_id") == F.lit(run_id))
 
 
-CENTERS_FIXED = ("run_id", "cluster_id", "noisy_weight")
+CENTERS_FIXED = ("run_id", "cluster_id", "noisy_weight", "private")
 
 
-def write_centers(spark, path: str, run_id: str, feature_names: list[str], centers, noisy_weights) -> None:
+def write_centers(spark, path: str, run_id: str, feature_names: list[str], centers, noisy_weights,
+                  private: bool = True) -> None:
+    """The released centers of one run: run_id, cluster_id, one column per feature, noisy_weight, and
+    ``private`` (false for a fixed-seed run: NOT PRIVATE)."""
     from pyspark.sql import types as T
 
     schema = T.StructType(
         [T.StructField("run_id", T.StringType(), False), T.StructField("cluster_id", T.IntegerType(), False)]
         + [T.StructField(n, T.DoubleType(), False) for n in feature_names]
-        + [T.StructField("noisy_weight", T.DoubleType(), False)]
+        + [T.StructField("noisy_weight", T.DoubleType(), False), T.StructField("private", T.BooleanType(), False)]
     )
     rows = [
-        (run_id, j, *[float(v) for v in center], float(w))
+        (run_id, j, *[float(v) for v in center], float(w), bool(private))
         for j, (center, w) in enumerate(zip(centers, noisy_weights))
     ]
     replace_run_rows(spark, spark.createDataFrame(rows, schema).coalesce(1), path, run_id)
 
 
 RUNS_SCHEMA = (
-    "run_id STRING, status STRING, algorithm STRING, objective STRING, k INT, parameters STRING, "
+    "run_id STRING, attempt INT, status STRING, algorithm STRING, objective STRING, k INT, parameters STRING, "
     "epsilon_spent DOUBLE, delta_spent DOUBLE, epsilon_configured DOUBLE, delta_configured DOUBLE, "
-    "charges STRING, input_path STRING, input_format STRING, input_version BIGINT, dpspark_version STRING, "
-    "started_at TIMESTAMP, ended_at TIMESTAMP, seed BIGINT, private BOOLEAN, error STRING"
+    "charges STRING, input_path STRING, input_key STRING, input_format STRING, input_version BIGINT, "
+    "input_where STRING, dpspark_version STRING, started_at TIMESTAMP, ended_at TIMESTAMP, seed BIGINT, "
+    "private BOOLEAN, privacy_note STRING, guarantee STRING, charged BOOLEAN, fit_started BOOLEAN, "
+    "charge_reused_from INT, error STRING, "
+    "non_private_operational STRING"
 )
+RUNS_COLUMNS = tuple(f.split()[0] for f in RUNS_SCHEMA.split(", "))
 
 
 def write_run_record(spark, path: str, record: dict) -> None:
-    """Upsert one row of the ``runs/`` table (keyed by run id)."""
-    row = tuple(record.get(name) for name in (f.split()[0] for f in RUNS_SCHEMA.split(", ")))
+    """Upsert one row of the ``runs/`` table, keyed by (run id, attempt): every attempt keeps its row."""
+    row = tuple(record.get(name) for name in RUNS_COLUMNS)
     df = spark.createDataFrame([row], RUNS_SCHEMA).coalesce(1)
-    replace_run_rows(spark, df, path, record["run_id"])
+    replace_run_rows(spark, df, path, record["run_id"], record.get("attempt"))
+
+
+def read_attempts(spark, path: str, run_id: str) -> list[dict]:
+    """The earlier attempts of ``run_id`` in ``runs/`` (oldest first), as dicts; [] if none."""
+    from pyspark.sql import functions as F
+
+    if not _delta_exists(spark, path):
+        return []
+    df = spark.read.format("delta").load(path).where(F.col("run_id") == F.lit(run_id))
+    order = "attempt" if "attempt" in df.columns else "started_at"
+    rows = [r.asDict() for r in df.orderBy(F.col(order).asc_nulls_first()).collect()]
+    for i, r in enumerate(rows):
+        r.setdefault("attempt", None)
+        if r["attempt"] is None:
+            r["attempt"] = i + 1
+    return rows
+
+
+def check_output_location(spark, path: str) -> None:
+    """Before any charge: the output location must be a directory or creatable (not a file)."""
+    local = local_path(path)
+    if local is not None:
+        probe = os.path.abspath(local)
+        while not os.path.exists(probe):
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                break
+            probe = parent
+        if os.path.exists(local) and not os.path.isdir(local):
+            raise SchemaError(f"output.path={path!r} is a file, not a directory")
+        if not os.path.isdir(probe):
+            raise SchemaError(f"output.path={path!r} cannot be created: {probe!r} is a file")
+        if not os.access(probe, os.W_OK):
+            raise SchemaError(f"output.path={path!r} is not writable ({probe!r} is read-only)")
+        return
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if fs.exists(hpath) and not fs.getFileStatus(hpath).isDirectory():
+        raise SchemaError(f"output.path={path!r} is a file, not a directory")

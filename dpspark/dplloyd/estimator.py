@@ -79,7 +79,7 @@ class DPLloyd:
         self._validated_params()
         return core.plan(self.epsilon)
 
-    def fit(self, df, timings: dict | None = None) -> ClusteringModel:
+    def fit(self, df, timings: dict | None = None, operational: dict | None = None) -> ClusteringModel:
         params = self._validated_params()
         epsilon, delta = core.plan(self.epsilon)
         randomness = self.randomness or Randomness(self.seed)
@@ -102,5 +102,5 @@ class DPLloyd:
             charges=accountant.summary(), domain=self.domain, features=self.features, feature_names=feature_names,
             parameters={"k": self.k, **asdict(params)},
             info={"iteration_shares": trace.shares, "initial_centroids_unit": trace.initial_centroids, "reseeded_per_iteration": trace.reseeded,
-                  "randomness": randomness.describe(), "timings": timings},
+                  "randomness": randomness.describe()},
         )

@@ -48,6 +48,7 @@ class AwaitingReports(DPSparkError):
 
 class LocalDP:
     name = "ldp"
+    guarantee = "local"  # replace-one local DP: its own currency in the ledger, never added to central charges
 
     def __init__(self, k: int, epsilon: float, domain: Domain, features=("x", "y"), objective: str = "kmeans",
                  mode: str = LDPParams.mode, protocol_path: str | None = None, reports_path: str | None = None,
@@ -192,7 +193,7 @@ class LocalDP:
         if status["status"] != "complete":
             raise AwaitingReports(status["message"])
 
-    def fit(self, df, timings: dict | None = None) -> ClusteringModel:
+    def fit(self, df, timings: dict | None = None, operational: dict | None = None) -> ClusteringModel:
         params = self._validated_params()
         epsilon, delta = self.privacy_plan()
         randomness = self.randomness or Randomness(self.seed)
@@ -212,13 +213,17 @@ class LocalDP:
         with step("ldp: weighted solver on the server (post-processing)", timings):
             centers_unit, weights, info = driver.result(randomness.public_rng("ldp-solver"))
         accountant.finish()
+        # Report counts per round are exact (NON-PRIVATE operational metadata): log and caller's dict only.
         log.info("ldp: %d candidates, %d kept, reports per round %s", info["candidates"], info["kept"], info["reports_per_round"])
+        if operational is not None:
+            operational["reports_per_round"] = info.get("reports_per_round")
+        public_info = {k: v for k, v in info.items() if k != "reports_per_round"}
         return ClusteringModel(
             algorithm=self.name, objective=self.objective, centers=self.domain.from_unit(centers_unit),
             noisy_weights=weights, epsilon_spent=accountant.spent_epsilon, delta_spent=accountant.spent_delta,
             charges=accountant.summary(), domain=self.domain, features=self.features, feature_names=names,
             parameters={"k": self.k, "objective": self.objective, **asdict(params), "guarantee": "local"},
-            info={**info, "randomness": randomness.describe(), "timings": timings},
+            info={**public_info, "randomness": randomness.describe()},
         )
 
 

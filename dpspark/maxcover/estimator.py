@@ -18,9 +18,11 @@ A run, all distances in the unit space of the domain (Delta = ``domain.unit_diam
    weighted by max(noisy count, 0).
 
 Passes over the data: r + 1 (+ 1 for private candidates), more only when a
-threshold falls back to per-pick passes (logged; ``info["fallback_thresholds"]``).
-``info["spark_passes"]``, the timings and the fallback list are operational
-metadata: like the wall time they depend on the data and are not DP outputs.
+threshold falls back to per-pick passes (logged). The pass counts, the fallback
+list, the signature histogram sizes and the timings depend on the data and are
+not DP outputs: they go to the caller's ``operational`` dict (NON-PRIVATE
+operational metadata), never onto the model, which holds released and public
+values only.
 
 Budget: epsilon = eps_cand + eps_cov + eps_cnt (fractions from the config), delta =
 delta_cand + delta_cov (private candidates: ``delta_candidates`` of delta, default
@@ -40,6 +42,7 @@ from dpspark.maxcover import core
 from dpspark.maxcover.params import (CANDIDATE_MODES, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC, SOLVERS, MaxCoverParams,
                                      budget_split, default_solver)
 from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
+from dpspark.errors import SchemaError
 from dpspark.model import ClusteringModel
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
@@ -194,7 +197,21 @@ class MaxCover:
         rows = [index[np.ascontiguousarray(c, dtype=np.float64).tobytes()] for c in centers]
         return cand_original[rows].copy(), w
 
-    def fit(self, df, timings: dict | None = None) -> ClusteringModel:
+    def preflight(self, spark, input_key: str | None = None) -> None:
+        """Before any charge: the public candidate table exists, is readable, and is not the input itself."""
+        params = self._validated_params()
+        if params.candidates != "table":
+            return
+        try:
+            cand = tables.ledger_key_of(spark, params.candidate_table, "delta")
+        except Exception as exc:
+            raise SchemaError(f"candidate table (algorithm.candidate_table={params.candidate_table!r}): {exc}") from None
+        if input_key is not None and cand == input_key:
+            raise SchemaError(f"algorithm.candidate_table={params.candidate_table!r} is the input table itself: "
+                              "candidates must be PUBLIC")
+        cand_mod.table_candidates(spark, params.candidate_table, self.features, self.domain)
+
+    def fit(self, df, timings: dict | None = None, operational: dict | None = None) -> ClusteringModel:
         params = self._validated_params()
         epsilon, delta = self.privacy_plan()
         budget = budget_split(epsilon, delta, params)
@@ -227,6 +244,12 @@ class MaxCover:
             centers, center_weights = self._solve(params, chosen_unit, weights, cand_unit, cand_original,
                                                   randomness.public_rng("maxcover.solver"))
         accountant.finish()
+        if operational is not None:  # NON-PRIVATE: depends on the data
+            operational.update({
+                "spark_passes": counter.passes, "passes_by_kind": dict(counter.by_kind),
+                "fallback_thresholds": [i + 1 for i in provider.fallback_thresholds],
+                "histogram_sizes": list(provider.histogram_sizes),
+            })
         return ClusteringModel(
             algorithm=self.name, objective=self.objective, centers=np.asarray(centers, dtype=np.float64),
             noisy_weights=np.asarray(center_weights, dtype=np.float64), epsilon_spent=accountant.spent_epsilon,
@@ -236,10 +259,7 @@ class MaxCover:
             info={
                 "candidates": params.candidates, "candidate_count": int(n_cand), "thresholds": int(ts.size),
                 "picks_per_threshold": int(min(m, n_cand)), "picks": len(picks), "chosen_centers": len(chosen),
-                "spark_passes": counter.passes, "passes_by_kind": dict(counter.by_kind),
-                "fallback_thresholds": [i + 1 for i in provider.fallback_thresholds],
-                "histogram_sizes": list(provider.histogram_sizes), "private_candidates": cand_info,
-                "budget": {k: list(v) for k, v in budget.items()},
-                "randomness": randomness.describe(), "timings": timings,
+                "private_candidates": cand_info, "budget": {k: list(v) for k, v in budget.items()},
+                "randomness": randomness.describe(),
             },
         )

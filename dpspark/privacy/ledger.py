@@ -1,31 +1,47 @@
-"""The persistent privacy ledger: a Delta table of what each input table has spent.
+"""The persistent privacy ledger: a Delta table that OWNS each input's budget and records what it spent.
 
-Rows (one table, column ``kind`` tells them apart):
+Rows (one table; column ``kind`` tells them apart):
 
-- ``balance``: one row per input table (by path): the total epsilon and delta
-  charged to it by every run so far;
-- ``run``: an append-only log of run events: ``charged`` (with the epsilon and
-  delta charged), then ``succeeded`` or ``failed``; or ``refused`` (charged 0).
+- ``balance``: one row per (input key, guarantee): the cap (``cap_epsilon``, ``cap_delta``)
+  set by the ledger's administrator, and the totals charged so far (``epsilon``, ``delta``).
+  ``guarantee`` is ``central`` (add/remove-one DP of a trusted curator: maxcover, dplloyd) or
+  ``local`` (replace-one local DP of the ldp family, whose output also uses the exact number of
+  reports). The two are different currencies and are never added together: each has its own cap
+  and its own total.
+- ``admin``: an append-only log of administrative events (``set-budget``, who and when);
+- ``run``: an append-only log of run events: ``started``, ``charged`` (with the epsilon and
+  delta charged), ``reused`` (a retry that reuses its failed attempt's charge, see the runner),
+  then ``succeeded``, ``failed`` or ``killed``; or ``refused`` (charged 0). A fixed-seed run's
+  events carry ``note = 'NOT PRIVATE (fixed seed)'``.
 
-Charging is one Delta MERGE on the balance row whose update and insert clauses
-carry the budget condition, so the check and the charge are a single
-transaction on one snapshot. Two runs that charge the same input at the same
-moment both rewrite the balance row: Delta's optimistic concurrency lets one
-commit and fails the other with a concurrent-modification error; the loser
-retries on the new snapshot, where the budget condition now sees the winner's
-charge. So two runs can never both pass when the budget allows only one.
+Input keys are canonical (``dpspark.tables``): a Delta table is keyed by the id in its metadata,
+any other table by its canonical path, so every spelling of one table has one balance.
+``input_seen`` records the path as a person wrote it.
 
-The charge is written before any data is read and before any result is
-released; a run that fails afterwards stays charged and is marked ``failed``.
+The cap belongs to the ledger: only ``set_budget`` (the ``dpspark ledger set-budget`` command)
+sets or raises it. A run's config can only ask for LESS (``privacy.budget`` lowers the cap for that
+run); an input without a cap in the ledger is refused. Whoever may write the ledger's storage
+location is the ledger's administrator: runs need write access to charge, so the location must be
+one that users cannot rewrite by other means (see README, "Privacy model").
+
+Charging is one Delta MERGE on the balance row, whose update clause carries the budget condition
+(the cap read from the same row, and the run's lower request), so the check and the charge are a
+single transaction on one snapshot. Two runs that charge the same input at the same moment both
+rewrite the balance row: Delta's optimistic concurrency lets one commit and fails the other with
+a concurrent-modification error; the loser retries on the new snapshot, where the budget condition
+now sees the winner's charge. So two runs can never both pass when the budget allows only one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import getpass
 import hashlib
 import logging
+import math
 import random
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,10 +53,14 @@ log = logging.getLogger("dpspark")
 
 SCHEMA = (
     "entry_id STRING, kind STRING, input_path STRING, run_id STRING, algorithm STRING, "
-    "epsilon DOUBLE, delta DOUBLE, status STRING, updated_at TIMESTAMP"
+    "epsilon DOUBLE, delta DOUBLE, status STRING, updated_at TIMESTAMP, guarantee STRING, "
+    "cap_epsilon DOUBLE, cap_delta DOUBLE, attempt INT, actor STRING, input_seen STRING, note STRING"
 )
+COLUMNS = tuple(f.split()[0] for f in SCHEMA.split(", "))
+GUARANTEES = ("central", "local")
 REL_TOL = 1e-12
 MAX_ATTEMPTS = 40
+NOT_PRIVATE_NOTE = "NOT PRIVATE (fixed seed)"
 
 # The ledger holds a few rows per run. Spark's and Delta's defaults (200 shuffle partitions,
 # 50 snapshot partitions) are sized for big tables: under spark-submit, where dpspark leaves
@@ -75,8 +95,14 @@ def _small_table(method):
     return wrapper
 
 
-def _balance_id(input_path: str) -> str:
-    return "balance:" + hashlib.sha256(input_path.encode()).hexdigest()[:32]
+def _balance_id(input_key: str, guarantee: str = "central") -> str:
+    tag = input_key if guarantee == "central" else f"{input_key}|{guarantee}"
+    return "balance:" + hashlib.sha256(tag.encode()).hexdigest()[:32]
+
+
+def _check_guarantee(guarantee: str) -> None:
+    if guarantee not in GUARANTEES:
+        raise ValueError(f"guarantee={guarantee!r} should be one of {list(GUARANTEES)}")
 
 
 def _is_conflict(exc: Exception) -> bool:
@@ -90,21 +116,36 @@ def _is_conflict(exc: Exception) -> bool:
     ))
 
 
+def actor() -> str:
+    """Who is acting, for the event log: user@host."""
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
 @dataclass(frozen=True)
 class LedgerTotals:
-    input_path: str
+    input_path: str  # the input key
     spent_epsilon: float
     spent_delta: float
-    budget_epsilon: float | None
+    budget_epsilon: float | None  # the cap in force for this run (the ledger's, or the run's lower request)
     budget_delta: float | None
+    guarantee: str = "central"
+    ledger_cap_epsilon: float | None = None  # the ledger's own cap
+    ledger_cap_delta: float | None = None
 
     def as_dict(self) -> dict:
         return {
-            "input_path": self.input_path,
+            "input_key": self.input_path,
+            "guarantee": self.guarantee,
             "spent_epsilon": self.spent_epsilon,
             "spent_delta": self.spent_delta,
             "budget_epsilon": self.budget_epsilon,
             "budget_delta": self.budget_delta,
+            "ledger_cap_epsilon": self.ledger_cap_epsilon,
+            "ledger_cap_delta": self.ledger_cap_delta,
             "remaining_epsilon": None if self.budget_epsilon is None else max(0.0, self.budget_epsilon - self.spent_epsilon),
             "remaining_delta": None if self.budget_delta is None else max(0.0, self.budget_delta - self.spent_delta),
         }
@@ -117,115 +158,217 @@ class Ledger:
 
     # -- table --------------------------------------------------------------------
 
-    def _ensure_table(self):
+    def exists(self) -> bool:
+        from delta.tables import DeltaTable
+
+        return DeltaTable.isDeltaTable(self.spark, self.path)
+
+    def _ensure_table(self, create: bool = True):
         from delta.tables import DeltaTable
 
         for attempt in range(MAX_ATTEMPTS):
             try:
                 if not DeltaTable.isDeltaTable(self.spark, self.path):
+                    if not create:
+                        return None
                     DeltaTable.createIfNotExists(self.spark).location(self.path).addColumns(self.spark.createDataFrame([], SCHEMA).schema).execute()
-                return DeltaTable.forPath(self.spark, self.path)
+                table = DeltaTable.forPath(self.spark, self.path)
+                self._upgrade(table)
+                return table
             except Exception as exc:  # concurrent creation by another run
                 if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
                     raise
                 time.sleep(random.uniform(0.05, 0.3))
         raise RuntimeError("unreachable")
 
+    def _upgrade(self, table) -> None:
+        """A ledger written by an older dpspark lacks the newer columns: add them (nullable)."""
+        have = set(table.toDF().columns)
+        missing = [f for f in SCHEMA.split(", ") if f.split()[0] not in have]
+        if missing:
+            self.spark.sql(f"ALTER TABLE delta.`{self.path}` ADD COLUMNS ({', '.join(missing)})")
+
     def _now(self):
         return datetime.now(timezone.utc).replace(tzinfo=None)
+
+    def _row(self, **values) -> tuple:
+        return tuple(values.get(c) for c in COLUMNS)
+
+    # -- administration -------------------------------------------------------------
+
+    @_small_table
+    def set_budget(self, input_key: str, epsilon: float, delta: float, guarantee: str = "central",
+                   input_seen: str | None = None, who: str | None = None, note: str | None = None) -> "LedgerTotals":
+        """Set (or raise, or lower) the cap of ``input_key``: the administrator's command, recorded as an event."""
+        _check_guarantee(guarantee)
+        if not (isinstance(epsilon, (int, float)) and epsilon > 0 and math.isfinite(epsilon)):
+            raise ValueError(f"epsilon={epsilon!r} should be a finite number > 0")
+        if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
+            raise ValueError(f"delta={delta!r} should be in [0, 1)")
+        who = who or actor()
+        source = self.spark.createDataFrame([self._row(
+            entry_id=_balance_id(input_key, guarantee), kind="balance", input_path=input_key, epsilon=0.0, delta=0.0,
+            status="total", updated_at=self._now(), guarantee=guarantee, cap_epsilon=float(epsilon),
+            cap_delta=float(delta), actor=who, input_seen=input_seen)], SCHEMA).alias("s")
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                table = self._ensure_table()
+                (table.alias("t").merge(source, "t.entry_id = s.entry_id")
+                 .whenMatchedUpdate(set={"cap_epsilon": "s.cap_epsilon", "cap_delta": "s.cap_delta",
+                                         "updated_at": "s.updated_at", "actor": "s.actor"})
+                 .whenNotMatchedInsertAll().execute())
+                break
+            except Exception as exc:
+                if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
+                    raise
+                time.sleep(random.uniform(0.05, 0.5))
+        self._append(kind="admin", input_path=input_key, status="set-budget", guarantee=guarantee,
+                     cap_epsilon=float(epsilon), cap_delta=float(delta), actor=who, input_seen=input_seen, note=note)
+        return self.totals(input_key, guarantee=guarantee)
 
     # -- charging -----------------------------------------------------------------
 
     @_small_table
-    def charge(self, input_path: str, run_id: str, algorithm: str, epsilon: float, delta: float,
-               budget_epsilon: float | None, budget_delta: float | None) -> LedgerTotals:
-        """Charge (epsilon, delta) to ``input_path``, or raise ``BudgetRefused`` (recording the refusal)."""
+    def charge(self, input_key: str, run_id: str, algorithm: str, epsilon: float, delta: float,
+               requested_epsilon: float | None = None, requested_delta: float | None = None, *,
+               guarantee: str = "central", attempt: int | None = None, input_seen: str | None = None,
+               private: bool = True) -> LedgerTotals:
+        """Charge (epsilon, delta) to ``input_key``'s ``guarantee`` total, or raise ``BudgetRefused``
+        (recording the refusal). The cap is the ledger's; ``requested_*`` (the run's
+        ``privacy.budget``) can only lower it for this run. No cap in the ledger: refused."""
         from pyspark.sql import functions as F
 
-        source = self.spark.createDataFrame(
-            [(_balance_id(input_path), "balance", input_path, None, None, float(epsilon), float(delta), "total", self._now())],
-            SCHEMA,
-        ).alias("s")
-        if budget_epsilon is None:
-            fits_update = F.lit(True)
-            fits_insert = F.lit(True)
-        else:
-            b_eps = budget_epsilon * (1 + REL_TOL)
-            b_delta = (budget_delta or 0.0) * (1 + REL_TOL)
-            fits_update = (F.col("t.epsilon") + F.col("s.epsilon") <= F.lit(b_eps)) & (F.col("t.delta") + F.col("s.delta") <= F.lit(b_delta))
-            fits_insert = (F.col("s.epsilon") <= F.lit(b_eps)) & (F.col("s.delta") <= F.lit(b_delta))
+        _check_guarantee(guarantee)
+        note = None if private else NOT_PRIVATE_NOTE
+        source = self.spark.createDataFrame([self._row(
+            entry_id=_balance_id(input_key, guarantee), kind="balance", input_path=input_key,
+            epsilon=float(epsilon), delta=float(delta), status="total", updated_at=self._now(), guarantee=guarantee,
+        )], SCHEMA).alias("s")
+        cap_eps = F.col("t.cap_epsilon")
+        cap_delta = F.coalesce(F.col("t.cap_delta"), F.lit(0.0))
+        if requested_epsilon is not None:
+            cap_eps = F.least(cap_eps, F.lit(float(requested_epsilon)))
+            cap_delta = F.least(cap_delta, F.lit(float(requested_delta or 0.0)))
+        fits = (F.col("t.cap_epsilon").isNotNull()
+                & (F.col("t.epsilon") + F.col("s.epsilon") <= cap_eps * F.lit(1 + REL_TOL))
+                & (F.col("t.delta") + F.col("s.delta") <= cap_delta * F.lit(1 + REL_TOL)))
         charged = False
-        for attempt in range(MAX_ATTEMPTS):
+        for attempt_no in range(MAX_ATTEMPTS):
             try:
                 table = self._ensure_table()  # again on a retry: a half-created ledger is seen afresh
                 metrics = (
                     table.alias("t")
                     .merge(source, "t.entry_id = s.entry_id")
-                    .whenMatchedUpdate(condition=fits_update, set={
+                    .whenMatchedUpdate(condition=fits, set={
                         "epsilon": "t.epsilon + s.epsilon",
                         "delta": "t.delta + s.delta",
                         "updated_at": "s.updated_at",
                     })
-                    .whenNotMatchedInsertAll(condition=fits_insert)
                     .execute()
                     .first()
                 )
-                changed = int(metrics["num_updated_rows"]) + int(metrics["num_inserted_rows"])
-                charged = changed == 1
+                charged = int(metrics["num_updated_rows"]) == 1
                 break
             except Exception as exc:
-                if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
+                if not _is_conflict(exc) or attempt_no == MAX_ATTEMPTS - 1:
                     raise
-                log.info("ledger: concurrent charge on %s, retrying (attempt %d)", input_path, attempt + 2)
+                log.info("ledger: concurrent charge on %s, retrying (attempt %d)", input_key, attempt_no + 2)
                 time.sleep(random.uniform(0.05, 0.5))
-        totals = self.totals(input_path, budget_epsilon, budget_delta)
+        totals = self.totals(input_key, requested_epsilon, requested_delta, guarantee=guarantee)
         if not charged:
-            self._append_event(input_path, run_id, algorithm, 0.0, 0.0, "refused")
+            self._append(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm, epsilon=0.0, delta=0.0,
+                         status="refused", guarantee=guarantee, attempt=attempt, input_seen=input_seen, note=note)
+            if totals.ledger_cap_epsilon is None:
+                raise BudgetRefused(
+                    f"privacy budget refused for input {input_seen or input_key!r} (ledger key {input_key}): the ledger "
+                    f"{self.path} holds no {guarantee} budget for it; its administrator sets one with "
+                    f"`dpspark ledger set-budget --ledger {self.path} --input {input_seen or input_key} --epsilon E --delta D`"
+                    + ("" if guarantee == "central" else " --guarantee local")
+                )
             raise BudgetRefused(
-                f"privacy budget refused for input {input_path!r}: this run needs epsilon={epsilon:g}, delta={delta:g}; "
-                f"already spent epsilon={totals.spent_epsilon:g}, delta={totals.spent_delta:g} of the budget "
-                f"epsilon={budget_epsilon:g}, delta={(budget_delta or 0.0):g} (ledger {self.path})"
+                f"privacy budget refused for input {input_seen or input_key!r}: this run needs epsilon={epsilon:g}, "
+                f"delta={delta:g} ({guarantee}); already spent epsilon={totals.spent_epsilon:g}, delta={totals.spent_delta:g} "
+                f"of the budget epsilon={totals.budget_epsilon:g}, delta={(totals.budget_delta or 0.0):g} (ledger {self.path})"
             )
-        self._append_event(input_path, run_id, algorithm, epsilon, delta, "charged")
+        self._append(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm, epsilon=float(epsilon),
+                     delta=float(delta), status="charged", guarantee=guarantee, attempt=attempt, input_seen=input_seen,
+                     note=note)
         return totals
 
     @_small_table
-    def mark(self, input_path: str, run_id: str, status: str) -> None:
-        """Record a run's new status (``succeeded`` or ``failed``); its charge is never given back."""
-        self._append_event(input_path, run_id, None, 0.0, 0.0, status)
+    def mark(self, input_key: str, run_id: str, status: str, *, attempt: int | None = None,
+             guarantee: str | None = None, note: str | None = None) -> None:
+        """Record a run's event (``started``, ``reused``, ``succeeded``, ``failed``, ``killed``); a charge is never given back."""
+        self._append(kind="run", input_path=input_key, run_id=run_id, epsilon=0.0, delta=0.0, status=status,
+                     attempt=attempt, guarantee=guarantee, note=note)
 
-    def _append_event(self, input_path, run_id, algorithm, epsilon, delta, status) -> None:
-        """Append one run event. Blind appends never conflict with other transactions."""
-        row = (f"run:{run_id}:{status}:{uuid.uuid4().hex[:12]}", "run", input_path, run_id, algorithm,
-               float(epsilon), float(delta), status, self._now())
-        self.spark.createDataFrame([row], SCHEMA).coalesce(1).write.format("delta").mode("append").save(self.path)
+    def _append(self, **values) -> None:
+        """Append one event. Blind appends never conflict with other transactions."""
+        values.setdefault("updated_at", self._now())
+        values["entry_id"] = f"{values['kind']}:{values.get('run_id') or ''}:{values['status']}:{uuid.uuid4().hex[:12]}"
+        self._ensure_table()
+        self.spark.createDataFrame([self._row(**values)], SCHEMA).coalesce(1).write.format("delta").mode("append").save(self.path)
 
     # -- reading ------------------------------------------------------------------
 
     @_small_table
-    def totals(self, input_path: str, budget_epsilon=None, budget_delta=None) -> LedgerTotals:
-        from delta.tables import DeltaTable
+    def totals(self, input_key: str, budget_epsilon=None, budget_delta=None, guarantee: str = "central") -> LedgerTotals:
+        """Spent totals and caps of ``input_key``. ``budget_*``: a run's lower request (it never raises the cap)."""
         from pyspark.sql import functions as F
 
         row = None
-        if DeltaTable.isDeltaTable(self.spark, self.path):  # no ledger yet: nothing was ever charged
-            row = (
-                self.spark.read.format("delta").load(self.path)
-                .where(F.col("entry_id") == _balance_id(input_path))
-                .select("epsilon", "delta").first()
-            )
+        if self.exists():  # no ledger yet: nothing was ever charged, no cap set
+            df = self.spark.read.format("delta").load(self.path)
+            cols = ["epsilon", "delta"] + [c for c in ("cap_epsilon", "cap_delta") if c in df.columns]
+            row = df.where(F.col("entry_id") == _balance_id(input_key, guarantee)).select(*cols).first()
+        cap_eps = row["cap_epsilon"] if row is not None and "cap_epsilon" in row else None
+        cap_delta = (row["cap_delta"] or 0.0) if cap_eps is not None else None
+        eff_eps, eff_delta = cap_eps, cap_delta
+        if cap_eps is not None and budget_epsilon is not None:
+            eff_eps = min(cap_eps, float(budget_epsilon))
+            eff_delta = min(cap_delta, float(budget_delta or 0.0))
         return LedgerTotals(
-            input_path=input_path,
+            input_path=input_key,
             spent_epsilon=float(row["epsilon"]) if row else 0.0,
             spent_delta=float(row["delta"]) if row else 0.0,
-            budget_epsilon=budget_epsilon,
-            budget_delta=budget_delta if budget_epsilon is not None else None,
+            budget_epsilon=eff_eps, budget_delta=eff_delta, guarantee=guarantee,
+            ledger_cap_epsilon=cap_eps, ledger_cap_delta=cap_delta,
         )
 
     @_small_table
-    def runs(self, input_path: str | None = None):
-        """The run events (charged, refused, succeeded, failed), oldest first, as dicts."""
-        df = self.spark.read.format("delta").load(self.path).where("kind = 'run'")
-        if input_path is not None:
-            df = df.where(df.input_path == input_path)
+    def balances(self, input_key: str | None = None) -> list[dict]:
+        """Every balance row (input key, guarantee, cap, spent, remaining), as dicts."""
+        if not self.exists():
+            return []
+        df = self.spark.read.format("delta").load(self.path).where("kind = 'balance'")
+        if input_key is not None:
+            df = df.where(df.input_path == input_key)
+        out = []
+        for r in df.orderBy("input_path", "guarantee").collect():
+            r = r.asDict()
+            cap_eps, cap_delta = r.get("cap_epsilon"), r.get("cap_delta")
+            out.append({
+                "input_key": r["input_path"], "input_seen": r.get("input_seen"), "guarantee": r.get("guarantee") or "central",
+                "cap_epsilon": cap_eps, "cap_delta": cap_delta, "spent_epsilon": r["epsilon"], "spent_delta": r["delta"],
+                "remaining_epsilon": None if cap_eps is None else max(0.0, cap_eps - r["epsilon"]),
+                "remaining_delta": None if cap_eps is None else max(0.0, (cap_delta or 0.0) - r["delta"]),
+            })
+        return out
+
+    @_small_table
+    def runs(self, input_key: str | None = None):
+        """The run events (started, charged, refused, reused, succeeded, failed, killed), oldest first, as dicts."""
+        return self._events("kind = 'run'", input_key)
+
+    @_small_table
+    def events(self, input_key: str | None = None):
+        """Run and administrative events, oldest first, as dicts."""
+        return self._events("kind IN ('run', 'admin')", input_key)
+
+    def _events(self, where: str, input_key: str | None):
+        if not self.exists():
+            return []
+        df = self.spark.read.format("delta").load(self.path).where(where)
+        if input_key is not None:
+            df = df.where(df.input_path == input_key)
         return [r.asDict() for r in df.orderBy("updated_at").collect()]
