@@ -138,7 +138,13 @@ class Report:
 
 
 def user_seed(run_key: str, record_key: str) -> bytes:
-    """A simulated user's secret seed: SHA-256(run key | record key). Deterministic per record and run."""
+    """A simulated user's secret seed: SHA-256("dpspark-ldp-user|" run key "|" record key).
+
+    Deterministic per record key and run. The record key must be different for
+    different people, ALSO when their records are identical (``dpspark.ldp.spark``
+    keys a record by its privacy unit, or by its content AND its duplicate index):
+    equal keys mean equal seeds, hence equal, perfectly correlated reports.
+    """
     return hashlib.sha256(b"dpspark-ldp-user|" + run_key.encode() + b"|" + record_key.encode()).digest()
 
 
@@ -272,10 +278,12 @@ def randomize_batch(points, round_params, seeds) -> tuple[np.ndarray, np.ndarray
     Row r equals ``randomize(points[r], round_params, seeds[r])``.
     """
     U = _uniforms_batch(list(seeds), REPORT_TAG, 4)
-    pts = np.asarray(points, dtype=np.float64).reshape(len(U), -1)
-    if len(U) == 0:
+    if len(U) == 0:  # before any reshape: numpy cannot reshape an empty array to (0, -1)
+        if np.asarray(points).size:
+            raise ValueError("points given without seeds")
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
+    pts = np.asarray(points, dtype=np.float64).reshape(len(U), -1)
     return _reports_from_uniforms(pts, round_params, U)
 
 

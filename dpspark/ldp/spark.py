@@ -1,13 +1,26 @@
 """Spark side of the ldp family: simulated clients (mapInPandas) and ingested reports (Delta).
 
-Simulation (``mode: simulate``): every record gets a secret seed
-SHA-256("dpspark-ldp-user|" run key "|" record key) (``client.user_seed``). The
-record key is the privacy unit's value when ``input.privacy_unit`` is set (after
-contribution bounding, one row per person), and otherwise SHA-256 of the JSON of the
-whole row (all its columns): deterministic per record, so a retried task re-sends
-the same report. Two rows with identical content share a key and so send identical
-reports (each report is still epsilon-LDP for its user; the duplicates are
-correlated, which only costs utility). The executors run the numpy client
+Simulation (``mode: simulate``): every simulated client (a person) gets a secret
+seed SHA-256("dpspark-ldp-user|" run key "|" record key) (``client.user_seed``,
+``client_seeds``). The record key must differ between people, also when their
+records are identical: equal keys give equal seeds, and two people with equal
+seeds send the SAME report, which is not epsilon-LDP for the pair (for
+D = {A: x', B: x} against D' = {A: x, B: x} the probability that the two reports
+are equal changes by a factor 1 / P[R(x') = r], far above e^epsilon). So:
+
+- with ``input.privacy_unit``: the key is the person's value, after contribution
+  bounding (one row per person, so keys are distinct);
+- without it: every row is a person, and the key is SHA-256 of the row's
+  unit-space point AND its duplicate index: the m rows with the same point are
+  numbered 0..m-1 (``duplicate_keys``). Rows with the same point are
+  interchangeable, so which of them gets which index does not matter: the
+  multiset of (key, point) pairs is a function of the multiset of points, hence
+  the same under task retries, recomputation of a cached table and any
+  partitioning (a retried task re-sends the same reports, and every person
+  answers in the same round in all three passes).
+
+The run key reaches the executors inside the ``mapInPandas`` closure, never as a
+literal in a query plan. The executors run the numpy client
 (``client.randomize_batch``) and Spark aggregates the reports into exact integer
 counts per (sub, a, y) with a group-by; only these counts reach the driver.
 
@@ -35,45 +48,82 @@ KEY = "__ldp_key"
 REPORT_SCHEMA = "sub INT, a LONG, y INT"
 
 
+def duplicate_keys(unit_df, unit_names: list[str]):
+    """One row per input row, keyed by SHA-256 of its point and its duplicate index.
+
+    Rows with the same (unit-space) point are grouped and counted, then expanded
+    back into m rows with the indices 0..m-1: key = "<SHA-256 of the point>#<index>".
+    Deterministic, no ordering involved: the output multiset depends only on the
+    multiset of points. -0.0 is normalised to 0.0 first, so equal points have equal
+    hashes (their reports would be the same anyway).
+    """
+    from pyspark.sql import functions as F
+
+    normal = [F.when(F.col(n) == 0.0, F.lit(0.0)).otherwise(F.col(n)).alias(n) for n in unit_names]
+    counted = unit_df.select(*normal).groupBy(*unit_names).count()
+    point_hash = F.sha2(F.to_json(F.struct(*[F.col(n) for n in unit_names])), 256)
+    index = F.explode(F.sequence(F.lit(0).cast("long"), F.col("count") - 1))
+    return counted.select(point_hash.alias("__ldp_point"), *[F.col(n) for n in unit_names], index.alias("__ldp_dup")) \
+        .select(F.concat_ws("#", F.col("__ldp_point"), F.col("__ldp_dup").cast("string")).alias(KEY),
+                *[F.col(n) for n in unit_names])
+
+
 def keyed_points(df, features, privacy_unit, domain, run_key):
-    """(DataFrame with the record key ``__ldp_key`` and unit-space ``_u0.._u{d-1}``, feature names)."""
+    """(DataFrame with the record key ``__ldp_key`` and unit-space ``_u0.._u{d-1}``, feature names).
+
+    Keys are distinct per person (see the module docstring); ``run_key`` is used only
+    by contribution bounding (through its own sub-key), and only when ``privacy_unit``
+    is set.
+    """
     from pyspark.sql import functions as F
 
     names = tables.check_schema(df, features, privacy_unit, domain.dim)
     exprs, _ = tables._feature_expressions(df, features, domain.dim)
     fcols = [f"__f{j}" for j in range(domain.dim)]
+    unit_names = tables.unit_columns(domain.dim)
     if privacy_unit is not None:
         key = F.coalesce(F.col(privacy_unit).cast("string"), F.lit("\u0000null"))
         raw = df.select(key.alias(KEY), *[e.alias(c) for e, c in zip(exprs, fcols)])
         raw = bound_contributions(raw, KEY, [KEY, *fcols], run_key)
     else:
-        key = F.sha2(F.to_json(F.struct(*[F.col(c) for c in df.columns])), 256)
-        raw = df.select(key.alias(KEY), *[e.alias(c) for e, c in zip(exprs, fcols)])
+        raw = df.select(*[e.alias(c) for e, c in zip(exprs, fcols)])
     cols = [F.col(c) for c in fcols]
     valid = None
     for c in cols:
         ok = c.isNotNull() & ~F.isnan(c) & (F.abs(c) != F.lit(float("inf")))
         valid = ok if valid is None else valid & ok
-    unit = raw.where(valid).select(F.col(KEY), *[e.alias(n) for e, n in zip(domain.unit_columns(cols), tables.unit_columns(domain.dim))])
-    return unit, names
+    unit_exprs = [e.alias(n) for e, n in zip(domain.unit_columns(cols), unit_names)]
+    if privacy_unit is not None:
+        return raw.where(valid).select(F.col(KEY), *unit_exprs), names
+    return duplicate_keys(raw.where(valid).select(*unit_exprs), unit_names), names
+
+
+def client_seeds(run_key: str, keys) -> list[bytes]:
+    """The secret seed of each simulated client (``client.user_seed`` of its record key)."""
+    return [client.user_seed(run_key, k) for k in keys]
 
 
 def client_runner(params, run_key: str, fractions, round_no: int, columns: list[str]):
-    """The mapInPandas function: the numpy client for every record of round ``round_no``."""
+    """The mapInPandas function: the numpy client for every record of round ``round_no``.
 
-    def run(batches):
+    The run key lives in this closure (pickled to the executors), not in the query plan.
+    """
+
+    def dp_ldp_clients(batches):
         import pandas as pd
 
         for pdf in batches:
             if len(pdf) == 0:
                 continue
-            seeds = [client.user_seed(run_key, k) for k in pdf[KEY].tolist()]
+            seeds = client_seeds(run_key, pdf[KEY].tolist())
             chosen = np.nonzero(client.choose_round_batch(seeds, fractions) == round_no)[0]
+            if len(chosen) == 0:  # no client of this batch answers in this round
+                continue
             x = pdf[columns].to_numpy(dtype=np.float64)[chosen]
             sub, a, y = client.randomize_batch(x, params, [seeds[i] for i in chosen])
             yield pd.DataFrame({"sub": sub.astype(np.int32), "a": a.astype(np.int64), "y": y.astype(np.int32)})
 
-    return run
+    return dp_ldp_clients
 
 
 def _histogram(reports_df) -> Histogram:
