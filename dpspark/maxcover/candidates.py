@@ -190,11 +190,16 @@ def private_candidates(df, columns: list[str], domain: Domain, count: int, scale
         eps_s = eps_l - eps_c
         threshold = stability_threshold(eps_c, delta_l, MIN_CELL_COUNT)
         lim = kernels.offset_limit(side)
-        block = accountant.block(f"{PRIVATE_LABEL}: scale {level + 1}/{scales} (cell side {side:g})", eps_l, delta_l, STABILITY_RULE)
-        noisy_n = block.laplace(n, LaplaceMechanism(epsilon=eps_c, sensitivity=1.0)) if n.size else np.zeros(0, dtype=np.int64)
+        # The stability theorem covers one release of the count vector (sensitivity 1, eps_c) and one of
+        # the offset sums of the released cells (L1 sensitivity S = d * lim steps, eps_s): the block
+        # refuses anything else.
+        count_mech = LaplaceMechanism(epsilon=eps_c, sensitivity=1.0)
+        sum_mech = LaplaceMechanism(epsilon=eps_s, sensitivity=dim * lim / SCALE, unit=1.0 / SCALE)
+        block = accountant.block(f"{PRIVATE_LABEL}: scale {level + 1}/{scales} (cell side {side:g})", eps_l, delta_l,
+                                 STABILITY_RULE, releases={count_mech: 1, sum_mech: 1})
+        noisy_n = block.laplace(n, count_mech) if n.size else np.zeros(0, dtype=np.int64)
         keep = np.flatnonzero(noisy_n >= threshold)
         if keep.size:
-            sum_mech = LaplaceMechanism(epsilon=eps_s, sensitivity=dim * lim / SCALE, unit=1.0 / SCALE)
             noisy_s = block.laplace(s[keep], sum_mech)
             centers = kernels.cell_centers(g[keep], side, shift)
             nn = noisy_n[keep].astype(np.float64)

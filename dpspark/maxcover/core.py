@@ -385,7 +385,10 @@ def run_coverage(
             "(Lemma 4.1) needs eps' <= 1; lower eps_cov"
         )
     mech = ExponentialMechanism.with_weight(eps_prime)
-    block = accountant.block(COVERAGE_LABEL, float(eps_cov), float(delta), rule=COVERAGE_RULE)
+    # Lemma 4.1 covers exactly this mechanism (weight eps') and a PUBLIC number of picks:
+    # min(m, |V|) per threshold. The block refuses any other mechanism or one pick more.
+    n_picks = ts.size * min(m, n_candidates)
+    block = accountant.block(COVERAGE_LABEL, float(eps_cov), float(delta), rule=COVERAGE_RULE, releases={mech: n_picks})
     picks: list[tuple[int, int]] = []
     for i in range(ts.size):
         result = signature_provider(i, tuple(picks))

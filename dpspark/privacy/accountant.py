@@ -6,8 +6,11 @@ value through ``laplace`` / ``gaussian`` / ``exponential`` (each charges its
 mechanism's privacy map for the stated input distance), or through a ``block``:
 a group of releases whose joint guarantee is a theorem stated by the caller (for
 example the maximum-coverage paper's bound for its whole coverage loop), charged
-once. A release that would overspend raises ``PrivacyAccountingError`` before any
-noise is drawn; ``finish`` checks that the run spent exactly what it declared.
+once. A theorem holds for given mechanisms and a given number of releases, so a
+block is opened with exactly those (``releases={mechanism: cap}``) and refuses
+any other mechanism, or parameters, and release number cap + 1. A release that
+would overspend raises ``PrivacyAccountingError`` before any noise is drawn;
+``finish`` checks that the run spent exactly what it declared.
 
 Composition across charges is basic (sequential) composition: the epsilons add
 and the deltas add. Releases on disjoint parts of the data (one record touches one
@@ -18,6 +21,7 @@ which is parallel composition stated as a sensitivity.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,28 +114,80 @@ class Accountant:
         self.charge(label, eps, delta, "exponential mechanism, pure DP")
         return mechanism.select(scores, self.noise)
 
-    def block(self, label: str, epsilon: float, delta: float, rule: str) -> "Block":
-        """Charge (epsilon, delta) once for a group of releases covered by the theorem ``rule``."""
+    def block(self, label: str, epsilon: float, delta: float, rule: str,
+              releases: Mapping[object, int] | None = None) -> "Block":
+        """Charge (epsilon, delta) once for a group of releases covered by the theorem ``rule``.
+
+        ``releases`` maps every mechanism the theorem is stated for (the exact
+        frozen mechanism object: class, epsilon, sensitivity, ...) to the largest
+        number of releases of it the theorem covers. The block refuses any other
+        mechanism and any release beyond its cap (see :class:`Block`); a block
+        declared without ``releases`` can release nothing. Validated before the
+        charge.
+        """
+        declared = _declared_releases(label, releases)
         self.charge(label, epsilon, delta, rule)
-        return Block(label, epsilon, delta, rule, self.noise)
+        return Block(label, epsilon, delta, rule, self.noise, declared)
+
+
+_BLOCK_MECHANISMS = (ExponentialMechanism, LaplaceMechanism, GaussianMechanism)
+
+
+def _declared_releases(label: str, releases) -> dict:
+    if releases is None:
+        return {}
+    if not isinstance(releases, Mapping):
+        raise PrivacyAccountingError(f"block {label!r}: releases must map mechanisms to release caps, got {releases!r}")
+    declared = {}
+    for mech, cap in releases.items():
+        if not isinstance(mech, _BLOCK_MECHANISMS):
+            raise PrivacyAccountingError(f"block {label!r}: {mech!r} is not a mechanism")
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
+            raise PrivacyAccountingError(f"block {label!r}: the release cap of {mech!r} must be an integer >= 1, got {cap!r}")
+        declared[mech] = int(cap)
+    return declared
 
 
 class Block:
     """Releases inside a block already charged as a whole (see ``Accountant.block``).
 
-    The caller's theorem, not basic composition, bounds the block; the block only
-    counts its releases, so the run record shows how many there were.
+    The caller's theorem, not basic composition, bounds the block; it holds for
+    the mechanisms it was proved for and for at most so many releases of each.
+    The block therefore checks every release BEFORE any noise is drawn: the
+    mechanism must equal a declared one (same class and parameters: a frozen
+    dataclass compares all its fields, so a larger epsilon, another sensitivity
+    or a subclass is refused), and its release count must stay within the
+    declared cap. Either failure raises ``PrivacyAccountingError``: it is a bug in
+    the algorithm, and the run fails (its charge stays recorded).
     """
 
-    def __init__(self, label: str, epsilon: float, delta: float, rule: str, noise: NoiseSource):
+    def __init__(self, label: str, epsilon: float, delta: float, rule: str, noise: NoiseSource,
+                 releases: Mapping[object, int] | None = None):
         self.label, self.epsilon, self.delta, self.rule = label, epsilon, delta, rule
         self.noise = noise
+        self.caps: dict = _declared_releases(label, releases)
+        self.counts: dict = {mech: 0 for mech in self.caps}
         self.releases = 0
 
-    def exponential(self, scores, mechanism: ExponentialMechanism) -> int:
+    def _admit(self, mechanism, kind: type) -> None:
+        """Count one release of ``mechanism``; refuse it if undeclared or over its cap."""
+        if not isinstance(mechanism, kind) or mechanism not in self.caps:
+            declared = ", ".join(repr(m) for m in self.caps) or "none"
+            raise PrivacyAccountingError(
+                f"block {self.label!r} was not proved for {mechanism!r}; declared: {declared}"
+            )
+        if self.counts[mechanism] >= self.caps[mechanism]:
+            raise PrivacyAccountingError(
+                f"block {self.label!r}: release {self.counts[mechanism] + 1} of {mechanism!r} is over the "
+                f"{self.caps[mechanism]} releases its theorem covers"
+            )
+        self.counts[mechanism] += 1
         self.releases += 1
+
+    def exponential(self, scores, mechanism: ExponentialMechanism) -> int:
+        self._admit(mechanism, ExponentialMechanism)
         return mechanism.select(scores, self.noise)
 
     def laplace(self, exact, mechanism: LaplaceMechanism) -> np.ndarray:
-        self.releases += 1
+        self._admit(mechanism, LaplaceMechanism)
         return mechanism.release(exact, self.noise)
