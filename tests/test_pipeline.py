@@ -1,4 +1,8 @@
-"""End to end on real Delta tables: reading, schema errors, outputs, idempotency, CLI exit codes."""
+"""End to end on real Delta tables: reading, schema errors, outputs, idempotent run ids and attempts,
+CLI exit codes.
+
+``make_config`` fixes ``seed: 7`` (with ``unsafe_fixed_seed: true``, without which a seed is refused):
+those runs are reproducible and therefore NOT PRIVATE, which the outputs must say."""
 
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ def make_config(tmp_path, input_path, **overrides):
         "algorithm": {"name": "dplloyd", "k": 3, "variant": "average_k", "iterations": 5},
         "output": {"path": str(tmp_path / "out")},
         "seed": 7,
+        "unsafe_fixed_seed": True,  # a seed is refused without it: such runs are NOT PRIVATE
         "spark": {"conf": {"spark.ui.enabled": False}},
     }
     for key, value in overrides.items():
@@ -48,9 +53,20 @@ def make_config(tmp_path, input_path, **overrides):
     return str(path), cfg
 
 
-def read_summary(cfg):
-    with open(os.path.join(cfg["output"]["path"], "summary.json")) as handle:
+def read_summary(cfg, run_id=None):
+    """summary.json, or the per-run copy summary/<run_id>.json."""
+    name = "summary.json" if run_id is None else os.path.join("summary", f"{run_id}.json")
+    with open(os.path.join(cfg["output"]["path"], name)) as handle:
         return json.load(handle)
+
+
+def set_budget(spark, ledger_path, input_path, epsilon=10.0, delta=0.0, guarantee="central"):
+    """What the ledger's administrator does before any run can be charged to ``input_path``."""
+    from dpspark.privacy.ledger import Ledger
+
+    key = tables.ledger_key_of(spark, input_path)
+    Ledger(spark, ledger_path).set_budget(key, epsilon, delta, guarantee=guarantee)
+    return key
 
 
 def test_delta_round_trip_records_the_version_read(spark, tmp_path, write_delta):
@@ -63,7 +79,10 @@ def test_delta_round_trip_records_the_version_read(spark, tmp_path, write_delta)
     cfg_path, cfg = make_config(tmp_path, path)
     assert main(["run", "--config", cfg_path, "--run-id", "v1"], spark=spark) == 0
     runs = spark.read.format("delta").load(cfg["output"]["path"] + "/runs").collect()
-    assert [(r.run_id, r.status, r.input_version) for r in runs] == [("v1", "succeeded", 1)]
+    # One row for the one attempt (its "running" row was replaced by its end), with the version read.
+    assert [(r.run_id, r.attempt, r.status, r.input_version) for r in runs] == [("v1", 1, "succeeded", 1)]
+    assert runs[0].input_key == tables.ledger_key_of(spark, path) and runs[0].input_key.startswith("delta-table:")
+    assert read_summary(cfg)["input"]["version"] == 1
 
 
 def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_delta):
@@ -73,39 +92,92 @@ def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_de
     out = cfg["output"]["path"]
     summary = read_summary(cfg)
     assert summary["status"] == "succeeded" and summary["k"] == 3 and len(summary["centers"]) == 3
+    assert summary["run_id"] == "full" and summary["attempt"] == 1 and summary["guarantee"] == "central"
     assert abs(summary["epsilon_spent"] - 1.0) <= 1e-9 and summary["delta_spent"] == 0.0
     assert abs(sum(c["epsilon"] for c in summary["charges"]) - 1.0) <= 1e-9
-    # Outputs carry only fixed phase timings, never per-pass (possibly data-dependent) step names.
-    assert set(summary["timings"]) <= {"read input table (schema and version)", "privacy ledger: charge", "dplloyd: fit",
-                                       "write centers table", "write report.png", "write runs table and summary.json"}
-    assert "dplloyd: fit" in summary["timings"]
+    # seed 7: NOT PRIVATE, and every output says so.
+    assert summary["private"] is False and "NOT PRIVATE" in summary["privacy_note"]
+    assert summary["input"] == {"path": path, "key": tables.ledger_key_of(spark, path), "format": "delta",
+                                "version": 0, "where": None}
+    assert read_summary(cfg, "full") == summary  # the per-run copy a downstream task reads
+    assert summary["outputs"]["run_summary"] == os.path.join(out, "summary", "full.json")
+    # Wall times grow with n: NON-PRIVATE operational metadata, kept out of the published outputs
+    # (no diagnostics here) and recorded in runs/ for the operator.
+    assert "timings" not in summary and "non_private_timings" not in summary
     centers = spark.read.format("delta").load(out + "/centers").orderBy("cluster_id").toPandas()
-    assert list(centers.columns) == ["run_id", "cluster_id", "x", "y", "noisy_weight"]
-    assert len(centers) == 3 and set(centers.run_id) == {"full"}
+    assert list(centers.columns) == ["run_id", "cluster_id", "x", "y", "noisy_weight", "private"]
+    assert len(centers) == 3 and set(centers.run_id) == {"full"} and not centers["private"].any()
     # Real clusters at (20,20), (80,30), (50,80): each found within 10 units at epsilon = 1, n = 900.
     found = centers[["x", "y"]].to_numpy()
     for truth in [(20, 20), (80, 30), (50, 80)]:
         assert np.min(np.linalg.norm(found - np.array(truth), axis=1)) < 10
-    run = spark.read.format("delta").load(out + "/runs").first()
-    assert run.status == "succeeded" and abs(run.epsilon_spent - 1.0) < 1e-9 and run.seed == 7 and run.private is False
+    runs = spark.read.format("delta").load(out + "/runs").collect()
+    assert len(runs) == 1
+    run = runs[0]
+    assert (run.run_id, run.attempt, run.status) == ("full", 1, "succeeded")
+    assert abs(run.epsilon_spent - 1.0) < 1e-9 and run.seed == 7 and run.private is False
+    assert "NOT PRIVATE" in run.privacy_note and run.guarantee == "central"
+    assert run.charged is False and run.fit_started is True  # no ledger: nothing charged, but the fit ran
+    assert run.input_key == summary["input"]["key"] and run.input_version == 0
+    operational = json.loads(run.non_private_operational)
+    assert "dplloyd: fit" in operational["timings"]
     with open(out + "/report.png", "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
     page = open(out + "/report.html", encoding="utf-8").read()
     assert summary["outputs"]["report_html"].endswith("/report.html")
-    assert "data:image/png;base64," in page and "NOT private" in page  # seed 7: the page says so
+    assert "data:image/png;base64," in page and "NOT PRIVATE" in page  # seed 7: the page says so
     assert page.count("<tr>") >= 1 + 3 + 1 + len(summary["charges"])  # centers, charges rows
+    assert "dplloyd: fit" not in page  # no wall times in the published page
 
 
-def test_same_run_id_twice_leaves_one_set_of_rows(spark, tmp_path, write_delta):
+def test_same_run_id_is_not_run_twice_unless_forced(spark, tmp_path, write_delta, capsys):
+    """A retry of a run id that succeeded releases and charges nothing; --force is a new, charged attempt.
+
+    No seed here (a private run): a forced attempt then draws fresh noise, so "a new release" is visible
+    in the centers themselves."""
+    from dpspark.privacy.ledger import Ledger
+
     path = write_delta(points_frame(100))
-    cfg_path, cfg = make_config(tmp_path, path)
+    ledger_path = str(tmp_path / "ledger")
+    key = set_budget(spark, ledger_path, path, epsilon=10.0)
+    cfg_path, cfg = make_config(tmp_path, path, **{"seed": None, "privacy.ledger": ledger_path, "output.report": False})
+    out = cfg["output"]["path"]
+
+    def centers_of(run_id):
+        df = spark.read.format("delta").load(out + "/centers").where(f"run_id = '{run_id}'").orderBy("cluster_id")
+        return df.select("x", "y", "noisy_weight").toPandas().to_numpy()
+
+    def charges():
+        return [(e["run_id"], e["attempt"]) for e in Ledger(spark, ledger_path).runs(key) if e["status"] == "charged"]
+
     assert main(["run", "--config", cfg_path, "--run-id", "again"], spark=spark) == 0
+    first, first_summary = centers_of("again"), read_summary(cfg)
+    assert first_summary["private"] is True and first_summary["privacy_note"] is None
+    from delta.tables import DeltaTable
+
+    centers_version = DeltaTable.forPath(spark, out + "/centers").history(1).first()["version"]
+    capsys.readouterr()
+    # The retry (an Airflow "clear task"): exit 0, nothing charged, written or released.
     assert main(["run", "--config", cfg_path, "--run-id", "again"], spark=spark) == 0
+    assert "already succeeded" in capsys.readouterr().out
+    assert DeltaTable.forPath(spark, out + "/centers").history(1).first()["version"] == centers_version
+    assert np.array_equal(centers_of("again"), first) and read_summary(cfg) == first_summary
+    assert charges() == [("again", 1)]
+    runs = spark.read.format("delta").load(out + "/runs")
+    assert [(r.attempt, r.status) for r in runs.where("run_id = 'again'").collect()] == [(1, "succeeded")]
+    # --force: a deliberate new release, recorded as attempt 2 and charged again.
+    assert main(["run", "--config", cfg_path, "--run-id", "again", "--force"], spark=spark) == 0
+    forced = centers_of("again")
+    assert forced.shape == (3, 3) and not np.array_equal(forced, first)  # fresh noise: a new release
+    assert read_summary(cfg)["attempt"] == 2 and read_summary(cfg, "again")["attempt"] == 2
+    assert charges() == [("again", 1), ("again", 2)]
+    assert Ledger(spark, ledger_path).totals(key).spent_epsilon == pytest.approx(2.0)
     assert main(["run", "--config", cfg_path, "--run-id", "other"], spark=spark) == 0
-    centers = spark.read.format("delta").load(cfg["output"]["path"] + "/centers")
-    assert centers.where("run_id = 'again'").count() == 3 and centers.count() == 6
-    runs = spark.read.format("delta").load(cfg["output"]["path"] + "/runs")
-    assert runs.where("run_id = 'again'").count() == 1 and runs.count() == 2
+    centers = spark.read.format("delta").load(out + "/centers")
+    assert centers.where("run_id = 'again'").count() == 3 and centers.count() == 6  # one set of centers per run id
+    runs = spark.read.format("delta").load(out + "/runs")
+    assert sorted((r.run_id, r.attempt, r.status) for r in runs.collect()) == [
+        ("again", 1, "succeeded"), ("again", 2, "succeeded"), ("other", 1, "succeeded")]  # every attempt kept
 
 
 @pytest.mark.parametrize("partitions", [1, 3, 17])
@@ -173,15 +245,36 @@ def test_empty_table_releases_noise_only_output(spark, tmp_path):
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_parquet_and_csv_inputs(spark, tmp_path, fmt):
     path = str(tmp_path / f"in-{fmt}")
-    writer = spark.createDataFrame(points_frame(50)).coalesce(1).write.mode("overwrite")
+    pdf = points_frame(50).assign(name="a")
+    if fmt == "csv":  # one cell that is not a number: with inferred types it would turn x into a string column
+        pdf["x"] = pdf["x"].astype(str)
+        pdf.loc[0, "x"] = "n/a"
+    writer = spark.createDataFrame(pdf).coalesce(1).write.mode("overwrite")
     writer.option("header", True).csv(path) if fmt == "csv" else writer.parquet(path)
-    cfg_path, cfg = make_config(tmp_path, path, **{"input.format": fmt})
+    # parquet: also diagnostics (no ledger here), which adds the NON-PRIVATE wall times to summary.json
+    cfg_path, cfg = make_config(tmp_path, path, **{"input.format": fmt, "diagnostics": fmt == "parquet",
+                                                   "output.report": False})
     assert main(["run", "--config", cfg_path], spark=spark) == 0
-    assert read_summary(cfg)["input"]["version"] is None
+    summary = read_summary(cfg)
+    assert summary["input"]["version"] is None and summary["input"]["format"] == fmt
+    assert summary["input"]["key"] == "file:" + os.path.realpath(path)
+    if fmt == "parquet":
+        assert "dplloyd: fit" in summary["non_private_timings"] and "non_private_diagnostics" in summary
+    else:
+        assert "timings" not in summary and "non_private_timings" not in summary
+        # CSV features are cast to double without reading the data; the non-numeric cell is a null and its
+        # row is dropped like a missing value; only the feature columns are kept.
+        from dpspark import config as config_mod
+
+        table = tables.load_input(spark, config_mod.load_config(cfg_path).input)
+        assert table.df.dtypes == [("x", "double"), ("y", "double")]
+        assert table.df.count() == 150 and table.df.where("x IS NULL").count() == 1
+        unit, _ = tables.prepare_points(table.df, ("x", "y"), None, Domain(2, (0.0, 0.0), (100.0, 100.0)), "k")
+        assert unit.count() == 149
 
 
 @pytest.mark.parametrize("case", ["missing table", "missing column", "text column", "missing unit"])
-def test_schema_errors_exit_1_and_write_nothing(spark, tmp_path, write_delta, case, capsys):
+def test_schema_errors_exit_1_and_release_nothing(spark, tmp_path, write_delta, case, capsys):
     pdf = points_frame(20).assign(name="a")
     path = write_delta(pdf)
     overrides = {
@@ -191,10 +284,16 @@ def test_schema_errors_exit_1_and_write_nothing(spark, tmp_path, write_delta, ca
         "missing unit": {"input.privacy_unit": "person_id"},
     }[case]
     cfg_path, cfg = make_config(tmp_path, path, **overrides)
-    assert main(["run", "--config", cfg_path], spark=spark) == 1
+    assert main(["run", "--config", cfg_path, "--run-id", "bad"], spark=spark) == 1
     err = capsys.readouterr().err
-    assert {"missing table": "not found", "missing column": "'z'", "text column": "'name'", "missing unit": "'person_id'"}[case] in err
-    assert not os.path.exists(cfg["output"]["path"])
+    words = {"missing table": "not found", "missing column": "'z'", "text column": "'name'", "missing unit": "'person_id'"}[case]
+    assert words in err
+    # The attempt is recorded (a "running" row written at its start, then its end), nothing is released.
+    out = cfg["output"]["path"]
+    runs = spark.read.format("delta").load(out + "/runs").collect()
+    assert [(r.run_id, r.attempt, r.status, r.charged, r.fit_started) for r in runs] == [("bad", 1, "failed", False, False)]
+    assert words in runs[0].error
+    assert sorted(os.listdir(out)) == ["runs"]  # no centers, summary.json, summary/ or report
 
 
 def test_transform_adds_predictions(spark, tmp_path, write_delta):
@@ -229,6 +328,22 @@ def test_bad_config_exits_2_before_spark_starts(tmp_path):
     proc = subprocess.run([PY, "-m", "dpspark.cli", "run", "--config", "conf/demo.yaml", "--run-id", "bad id!"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--run-id" in proc.stderr
+
+
+def test_unsafe_config_combinations_exit_2_before_spark_starts(tmp_path, capsys):
+    """No session is passed and none may be built: each config is refused before Spark (exit 2)."""
+    cases = [
+        ({"unsafe_fixed_seed": False}, "seed"),  # a seed makes the run NOT PRIVATE: it must be asked for
+        ({"diagnostics": True, "privacy.ledger": str(tmp_path / "ledger")}, "diagnostics"),
+        ({"algorithm.name": "maxcover", "privacy.delta": 1e-6, "algorithm.variant": None, "algorithm.iterations": None,
+          "algorithm.candidates": "table", "algorithm.candidate_table": str(tmp_path / "in") + "/"},
+         "algorithm.candidate_table"),  # the input itself, spelt with a trailing slash
+    ]
+    for overrides, key in cases:
+        cfg_path, _ = make_config(tmp_path, str(tmp_path / "in"), **overrides)
+        assert main(["run", "--config", cfg_path]) == 2, overrides
+        assert f"'{key}'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "ledger").exists()
 
 
 def test_spark_submit_entry_point(tmp_path, spark, write_delta):
