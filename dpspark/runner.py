@@ -97,22 +97,35 @@ def _now():
 
 
 def _reusable_charge(earlier: list[dict], input_key: str, plan: tuple, guarantee: str, ledger, run_id: str):
-    """The attempt number whose charge this attempt may reuse, or None (see the module docstring)."""
+    """The attempt number whose charge this attempt may reuse, or None (see the module docstring).
+
+    The ledger is the source of truth for the charge (a kill can land after the charge committed
+    and before ``runs/`` heard of it); ``runs/`` says whether the fit started.
+    """
     if not earlier or ledger is None:
         return None
     last = earlier[-1]
-    if not (last.get("status") in ("failed", "killed") and last.get("charged") and last.get("fit_started") is False):
+    if not (last.get("status") in ("failed", "killed") and last.get("fit_started") is False):
         return None
-    if last.get("input_key") != input_key or last.get("guarantee") != guarantee:
+    if last.get("input_key") != input_key:
         return None
-    if not (math.isclose(last.get("epsilon_spent") or 0.0, plan[0], rel_tol=1e-12)
-            and math.isclose(last.get("delta_spent") or 0.0, plan[1], rel_tol=1e-12, abs_tol=1e-300)):
-        return None
-    # The ledger must agree: that attempt holds a charge (its own or reused) and nothing released after it.
     events = [e for e in ledger.runs(input_key) if e["run_id"] == run_id]
-    held = [e for e in events if e.get("attempt") == last["attempt"] and e["status"] in ("charged", "reused")]
-    done = [e for e in events if e["status"] == "succeeded"]
-    return int(last["attempt"]) if held and not done else None
+    if any(e["status"] == "succeeded" for e in events):
+        return None
+    by_attempt = {int(a["attempt"]): a for a in earlier}
+    holder = int(last["attempt"])
+    for _ in range(len(earlier)):  # follow a chain of reuses back to the attempt that was charged
+        statuses = {e["status"] for e in events if e.get("attempt") == holder}
+        if "charged" in statuses:
+            charge = next(e for e in events if e.get("attempt") == holder and e["status"] == "charged")
+            same = (math.isclose(charge["epsilon"], plan[0], rel_tol=1e-12)
+                    and math.isclose(charge["delta"], plan[1], rel_tol=1e-12, abs_tol=1e-300)
+                    and (charge.get("guarantee") or "central") == guarantee)
+            return int(last["attempt"]) if same else None
+        if "reused" not in statuses or by_attempt.get(holder, {}).get("charge_reused_from") is None:
+            return None
+        holder = int(by_attempt[holder]["charge_reused_from"])
+    return None
 
 
 def run(config, spark, run_id: str | None = None, randomness: Randomness | None = None, force: bool = False) -> RunResult:
