@@ -1,5 +1,6 @@
-"""The privacy ledger: refusal (exit 3), charge before release, failed runs stay charged,
-and concurrent runs with a budget for one."""
+"""The privacy ledger: it owns each input's budget cap (set by its administrator; a run's config can
+only ask for less), refusal (exit 3), charge before release, failed runs stay charged, and concurrent
+runs with a budget for one. Input keys are canonical (``tables.ledger_key_of``)."""
 
 from __future__ import annotations
 
@@ -9,36 +10,91 @@ import threading
 
 import pytest
 
+from dpspark import tables
 from dpspark.cli import main
+from dpspark.errors import BudgetRefused
 from dpspark.privacy.ledger import Ledger
 
-from test_pipeline import make_config, points_frame
+from test_pipeline import make_config, points_frame, set_budget
 
 
-def statuses(ledger, input_path):
-    return [(e["run_id"], e["status"], e["epsilon"]) for e in ledger.runs(input_path)]
+def statuses(ledger, input_key):
+    return [(e["run_id"], e["attempt"], e["status"], e["epsilon"]) for e in ledger.runs(input_key)]
 
 
 def test_second_run_over_budget_is_refused_with_exit_3_and_writes_only_its_refusal(spark, tmp_path, write_delta):
     path = write_delta(points_frame(50))
     ledger_path = str(tmp_path / "ledger")
-    common = {"privacy.ledger": ledger_path, "privacy.budget": {"epsilon": 1.5, "delta": 0.0}}
+    key = set_budget(spark, ledger_path, path, epsilon=1.5)
+    common = {"privacy.ledger": ledger_path, "output.report": False}
     cfg1, c1 = make_config(tmp_path, path, **common, **{"output.path": str(tmp_path / "out1")})
-    cfg2, c2 = make_config(tmp_path, path, **common, **{"output.path": str(tmp_path / "out2")})
+    # The second run asks for a budget far above the ledger's cap: a config can only LOWER the cap.
+    cfg2, c2 = make_config(tmp_path, path, **common, **{"output.path": str(tmp_path / "out2"),
+                                                         "privacy.budget": {"epsilon": 1e9, "delta": 0.0}})
     assert main(["run", "--config", cfg1, "--run-id", "first"], spark=spark) == 0
     assert main(["run", "--config", cfg2, "--run-id", "second"], spark=spark) == 3
     out2 = c2["output"]["path"]
-    assert not os.path.exists(os.path.join(out2, "summary.json"))
-    assert not os.path.exists(os.path.join(out2, "centers")) and not os.path.exists(os.path.join(out2, "report.png"))
+    assert sorted(os.listdir(out2)) == ["runs"]  # no centers, summary.json or report
     runs = spark.read.format("delta").load(out2 + "/runs").collect()
-    assert [(r.run_id, r.status, r.epsilon_spent) for r in runs] == [("second", "refused", 0.0)]
+    assert [(r.run_id, r.attempt, r.status, r.epsilon_spent, r.charged) for r in runs] == [("second", 1, "refused", 0.0, False)]
     ledger = Ledger(spark, ledger_path)
-    totals = ledger.totals(path)
-    assert totals.spent_epsilon == pytest.approx(1.0)
-    assert statuses(ledger, path) == [("first", "charged", 1.0), ("first", "succeeded", 0.0), ("second", "refused", 0.0)]
+    totals = ledger.totals(key)
+    assert totals.spent_epsilon == pytest.approx(1.0) and totals.ledger_cap_epsilon == 1.5
+    assert statuses(ledger, key) == [("first", 1, "started", 0.0), ("first", 1, "charged", 1.0), ("first", 1, "succeeded", 0.0),
+                                     ("second", 1, "started", 0.0), ("second", 1, "refused", 0.0)]
     with open(os.path.join(c1["output"]["path"], "summary.json")) as handle:
         ledger_view = json.load(handle)["ledger"]
     assert ledger_view["spent_epsilon"] == pytest.approx(1.0) and ledger_view["remaining_epsilon"] == pytest.approx(0.5)
+    assert ledger_view["input_key"] == key and ledger_view["ledger_cap_epsilon"] == 1.5
+
+
+def test_the_cap_is_the_ledgers_and_a_config_can_only_lower_it(spark, tmp_path):
+    """Direct ledger calls: no cap, no charge; a run's request above the cap changes nothing; one below
+    it binds; each guarantee (central, local) has its own cap and total."""
+    ledger = Ledger(spark, str(tmp_path / "ledger"))
+    with pytest.raises(BudgetRefused, match="no central budget"):
+        ledger.charge("file:/data/people", "r0", "dplloyd", 0.1, 0.0)
+    ledger.set_budget("file:/data/people", 2.0, 0.0)
+    ledger.charge("file:/data/people", "r1", "dplloyd", 1.5, 0.0, 1e9, 0.0)  # asking for more: still the cap 2.0
+    with pytest.raises(BudgetRefused):
+        ledger.charge("file:/data/people", "r2", "dplloyd", 1.0, 0.0, 1e9, 0.0)  # 2.5 > 2.0
+    with pytest.raises(BudgetRefused):
+        ledger.charge("file:/data/people", "r3", "dplloyd", 0.2, 0.0, 1.6, 0.0)  # under the cap, over the request
+    with pytest.raises(BudgetRefused, match="no local budget"):  # a central cap is not a local one
+        ledger.charge("file:/data/people", "r4", "ldp", 0.2, 0.0, guarantee="local")
+    ledger.charge("file:/data/people", "r5", "dplloyd", 0.2, 0.0)
+    ledger.set_budget("file:/data/people", 1.0, 0.0, guarantee="local")
+    ledger.charge("file:/data/people", "r6", "ldp", 1.0, 0.0, guarantee="local")
+    central, local = ledger.totals("file:/data/people"), ledger.totals("file:/data/people", guarantee="local")
+    assert (central.spent_epsilon, central.ledger_cap_epsilon) == (pytest.approx(1.7), 2.0)
+    assert (local.spent_epsilon, local.ledger_cap_epsilon) == (1.0, 1.0)  # never added to the central total
+    assert [e["status"] for e in ledger.runs("file:/data/people")] == [
+        "refused", "charged", "refused", "refused", "refused", "charged", "charged"]
+    admin = [e for e in ledger.events("file:/data/people") if e["kind"] == "admin"]
+    assert [(e["status"], e["guarantee"], e["cap_epsilon"]) for e in admin] == [("set-budget", "central", 2.0),
+                                                                                ("set-budget", "local", 1.0)]
+    assert all(e["actor"] for e in admin)
+
+
+def test_cli_set_budget_and_show_use_one_key_for_every_spelling(spark, tmp_path, write_delta, capsys):
+    path = write_delta(points_frame(10))
+    ledger_path = str(tmp_path / "ledger")
+    key = tables.ledger_key_of(spark, path)
+    assert main(["ledger", "set-budget", "--ledger", ledger_path, "--input", path, "--epsilon", "3", "--delta", "0"],
+                spark=spark) == 0
+    # Another spelling of the same table (file: URI, trailing slash) is the same balance.
+    assert main(["ledger", "set-budget", "--ledger", ledger_path, "--input", "file://" + path + "/", "--epsilon", "4",
+                 "--delta", "1e-6"], spark=spark) == 0
+    assert main(["ledger", "set-budget", "--ledger", ledger_path, "--input", path, "--epsilon", "0", "--delta", "0"],
+                spark=spark) == 2
+    capsys.readouterr()
+    assert main(["ledger", "show", "--ledger", ledger_path, "--input", path, "--json"], spark=spark) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(b["input_key"], b["guarantee"], b["cap_epsilon"], b["cap_delta"], b["spent_epsilon"]) for b in shown["balances"]] == [
+        (key, "central", 4.0, 1e-6, 0.0)]
+    assert [e["status"] for e in shown["events"]] == ["set-budget", "set-budget"]
+    assert main(["ledger", "show", "--ledger", ledger_path], spark=spark) == 0
+    assert "cap epsilon=4" in capsys.readouterr().out
 
 
 def test_charge_is_written_before_the_data_is_read(spark, tmp_path, write_delta, monkeypatch):
@@ -46,13 +102,14 @@ def test_charge_is_written_before_the_data_is_read(spark, tmp_path, write_delta,
 
     path = write_delta(points_frame(30))
     ledger_path = str(tmp_path / "ledger")
-    cfg, _ = make_config(tmp_path, path, **{"privacy.ledger": ledger_path})
+    key = set_budget(spark, ledger_path, path)
+    cfg, _ = make_config(tmp_path, path, **{"privacy.ledger": ledger_path, "output.report": False})
     seen = {}
     original = DPLloyd.fit
 
-    def spy(self, df, timings=None):
-        seen["totals"] = Ledger(spark, ledger_path).totals(path).spent_epsilon
-        return original(self, df, timings)
+    def spy(self, df, timings=None, operational=None):
+        seen["totals"] = Ledger(spark, ledger_path).totals(key).spent_epsilon
+        return original(self, df, timings, operational)
 
     monkeypatch.setattr(DPLloyd, "fit", spy)
     assert main(["run", "--config", cfg], spark=spark) == 0
@@ -60,10 +117,9 @@ def test_charge_is_written_before_the_data_is_read(spark, tmp_path, write_delta,
 
 
 def test_failed_run_stays_charged_and_leaves_no_result(spark, tmp_path, write_delta, monkeypatch):
-    from dpspark import tables
-
     path = write_delta(points_frame(30))
     ledger_path = str(tmp_path / "ledger")
+    key = set_budget(spark, ledger_path, path)
     cfg, c = make_config(tmp_path, path, **{"privacy.ledger": ledger_path})
     original = tables.write_run_record
 
@@ -75,14 +131,24 @@ def test_failed_run_stays_charged_and_leaves_no_result(spark, tmp_path, write_de
     monkeypatch.setattr(tables, "write_run_record", fail_after_centers)
     assert main(["run", "--config", cfg, "--run-id", "doomed"], spark=spark) == 1
     out = c["output"]["path"]
-    assert not os.path.exists(os.path.join(out, "summary.json"))
+    assert not os.path.exists(os.path.join(out, "summary.json")) and not os.path.exists(os.path.join(out, "summary"))
     assert not os.path.exists(os.path.join(out, "report.png")) and not os.path.exists(os.path.join(out, "report.html"))
     assert spark.read.format("delta").load(out + "/centers").where("run_id = 'doomed'").count() == 0
     run = spark.read.format("delta").load(out + "/runs").first()
     assert run.status == "failed" and "disk full" in run.error and run.epsilon_spent == pytest.approx(1.0)
+    assert run.attempt == 1 and run.charged and run.fit_started
     ledger = Ledger(spark, ledger_path)
-    assert ledger.totals(path).spent_epsilon == pytest.approx(1.0)
-    assert statuses(ledger, path) == [("doomed", "charged", 1.0), ("doomed", "failed", 0.0)]
+    assert ledger.totals(key).spent_epsilon == pytest.approx(1.0)
+    assert statuses(ledger, key) == [("doomed", 1, "started", 0.0), ("doomed", 1, "charged", 1.0), ("doomed", 1, "failed", 0.0)]
+    # The retry is attempt 2. Attempt 1's fit started (noise was drawn), so its charge is spent for
+    # good: the retry is charged again and never reuses it.
+    monkeypatch.setattr(tables, "write_run_record", original)
+    assert main(["run", "--config", cfg, "--run-id", "doomed"], spark=spark) == 0
+    assert ledger.totals(key).spent_epsilon == pytest.approx(2.0)
+    assert statuses(ledger, key)[3:] == [("doomed", 2, "started", 0.0), ("doomed", 2, "charged", 1.0),
+                                         ("doomed", 2, "succeeded", 0.0)]
+    runs = spark.read.format("delta").load(out + "/runs").orderBy("attempt").collect()
+    assert [(r.attempt, r.status, r.charge_reused_from) for r in runs] == [(1, "failed", None), (2, "succeeded", None)]
 
 
 def test_concurrent_runs_with_a_budget_for_one(spark, tmp_path):
@@ -91,14 +157,16 @@ def test_concurrent_runs_with_a_budget_for_one(spark, tmp_path):
 
     for attempt in range(2):
         ledger = Ledger(spark, str(tmp_path / f"ledger{attempt}"))
-        ledger.charge("/data/warmup", "w", "dplloyd", 0.1, 0.0, None, None)  # table exists, JVM warm
+        ledger.set_budget("/data/warmup", 1.0, 0.0)
+        ledger.charge("/data/warmup", "w", "dplloyd", 0.1, 0.0)  # table exists, JVM warm
+        ledger.set_budget("/data/people", 1.5, 0.0)  # the administrator's cap: room for one charge of 1.0
         barrier = threading.Barrier(2)
         results = {}
 
         def go(name):
             barrier.wait()
             try:
-                ledger.charge("/data/people", name, "dplloyd", 1.0, 0.0, 1.5, 0.0)
+                ledger.charge("/data/people", name, "dplloyd", 1.0, 0.0)
                 results[name] = "charged"
             except BudgetRefused:
                 results[name] = "refused"
@@ -115,7 +183,8 @@ def test_concurrent_runs_with_a_budget_for_one(spark, tmp_path):
 def test_concurrent_full_runs_only_one_succeeds(spark, tmp_path, write_delta):
     path = write_delta(points_frame(30))
     ledger_path = str(tmp_path / "ledger")
-    configs = [make_config(tmp_path, path, **{"privacy.ledger": ledger_path, "privacy.budget": {"epsilon": 1.0},
+    key = set_budget(spark, ledger_path, path, epsilon=1.0)
+    configs = [make_config(tmp_path, path, **{"privacy.ledger": ledger_path, "output.report": False,
                                              "output.path": str(tmp_path / f"out{i}")})[0] for i in range(2)]
     codes = {}
     barrier = threading.Barrier(2)
@@ -130,13 +199,12 @@ def test_concurrent_full_runs_only_one_succeeds(spark, tmp_path, write_delta):
     for t in threads:
         t.join()
     assert sorted(codes.values()) == [0, 3]
-    assert Ledger(spark, ledger_path).totals(path).spent_epsilon == pytest.approx(1.0)
+    assert Ledger(spark, ledger_path).totals(key).spent_epsilon == pytest.approx(1.0)
 
 
 def test_ledger_operations_use_small_table_settings_and_put_the_sessions_back(spark, tmp_path):
     """The ledger runs its few-row queries with 1 shuffle and 1 snapshot partition, then restores
     the session's own settings (set or unset), also when the operation raises."""
-    from dpspark.errors import BudgetRefused
     from dpspark.privacy import ledger as ledger_mod
 
     seen = []
@@ -149,6 +217,7 @@ def test_ledger_operations_use_small_table_settings_and_put_the_sessions_back(sp
     spark.conf.set("spark.sql.shuffle.partitions", "7")
     snapshot_before = spark.conf.get("spark.databricks.delta.snapshotPartitions", None)
     ledger = Ledger(spark, str(tmp_path / "ledger"))
+    ledger.set_budget("/in", 1.0, 0.0)  # before the spy: set_budget reads the totals too
     try:
         Ledger.totals = ledger_mod._small_table(spying_totals)
         ledger.charge("/in", "r1", "dplloyd", 1.0, 0.0, 1.0, 0.0)
