@@ -21,18 +21,26 @@ def test_demo_config_validates():
     assert cfg.algorithm.name == "maxcover" and cfg.algorithm.k == 5
     assert cfg.domain.lower == (0.0, 0.0) and cfg.domain.upper == (100.0, 100.0)
     assert cfg.algorithm.params.candidates == "private"
-    assert cfg.privacy.budget.epsilon == 10.0 and cfg.privacy.delta == 1e-6
-    other = load_config("conf/demo.yaml", ["algorithm.name=dplloyd", "privacy.delta=0", "algorithm.candidates=null"])
+    assert cfg.privacy.ledger == "out/demo/ledger" and cfg.privacy.delta == 1e-6
+    assert cfg.privacy.budget is None  # the cap is the ledger's (scripts/demo.sh sets it)
+    assert cfg.seed is None and not cfg.unsafe_fixed_seed and not cfg.diagnostics
+    # The comment's "try the other family" command, with its overrides exactly as written.
+    command = [line for line in open("conf/demo.yaml") if "dpspark run --config conf/demo.yaml" in line]
+    assert len(command) == 1
+    sets = [word.strip() for word in command[0].split("--set")[1:]]
+    assert sets == ["algorithm.name=dplloyd", "privacy.delta=0", "algorithm.candidates=null"]
+    other = load_config("conf/demo.yaml", sets)
     assert other.algorithm.params.variant == "allocation_nk" and other.algorithm.params.iterations == 12
 
 
 def test_set_overrides_any_key_and_parses_lists():
     cfg = load_config("conf/demo.yaml", ["algorithm.k=7", "domain.lower=1,2", "domain.upper=[50, 60]",
                                          "algorithm.name=dplloyd", "privacy.delta=0", "algorithm.candidates=null",
-                                         "algorithm.variant=average_k", "privacy.epsilon=0.5", "seed=3"])
+                                         "algorithm.variant=average_k", "privacy.epsilon=0.5", "seed=3",
+                                         "unsafe_fixed_seed=true"])
     assert cfg.algorithm.k == 7 and cfg.domain.lower == (1.0, 2.0) and cfg.domain.upper == (50.0, 60.0)
     assert cfg.algorithm.params.variant == "average_k" and cfg.algorithm.params.schedule == "average"
-    assert cfg.privacy.epsilon == 0.5 and cfg.seed == 3
+    assert cfg.privacy.epsilon == 0.5 and cfg.seed == 3 and cfg.unsafe_fixed_seed is True
 
 
 def test_parse_value():
@@ -61,10 +69,20 @@ def test_parse_value():
     (lambda r: r["domain"].update(radius=1.0), "domain", "not both"),
     (lambda r: r["input"].update(features=["x", "y", "z"]), "input.features", "3 columns"),
     (lambda r: r["input"].update(format="xls"), "input.format", "allowed"),
-    (lambda r: r["input"].pop("path"), "input.path", "required"),
+    (lambda r: r["input"].pop("path"), "input.path", "exactly one"),
+    (lambda r: r["input"].update(table="db.points"), "input.path", "exactly one"),
     (lambda r: r.update(colour=1), "colour", "unknown key"),
     (lambda r: r["privacy"].update(budget={"epsilon": 3}), "privacy.budget", "ledger"),
     (lambda r: r.update(seed=-4), "seed", ">= 0"),
+    # A fixed seed makes the noise reproducible: refused unless the config says it knows (NOT PRIVATE).
+    (lambda r: r.update(seed=3), "seed", "unsafe_fixed_seed"),
+    (lambda r: r.update(seed=3, unsafe_fixed_seed=False), "seed", "NOT"),
+    (lambda r: r.update(seed=3, unsafe_fixed_seed="yes"), "unsafe_fixed_seed", ""),
+    # Non-private diagnostics never go with a ledger-charged run.
+    (lambda r: (r.update(diagnostics=True), r["privacy"].update(ledger="out/ledger")), "diagnostics", "ledger"),
+    # The public candidate table must not be the private input, whatever the spelling.
+    (lambda r: r.update(algorithm={"name": "maxcover", "k": 3, "candidates": "table", "candidate_table": "./data/points/"},
+                        privacy={"epsilon": 1.0, "delta": 1e-6}), "algorithm.candidate_table", "PUBLIC"),
     (lambda r: r["privacy"].update(delta=1e-6), "privacy.delta", "pure epsilon-DP"),
 ])
 def test_invalid_values_name_the_key(mutate, key, words):
@@ -75,6 +93,22 @@ def test_invalid_values_name_the_key(mutate, key, words):
     assert err.value.key == key
     assert words in str(err.value)
     assert f"'{key}'" in str(err.value)
+
+
+def test_a_seed_with_unsafe_fixed_seed_is_accepted():
+    raw = base()
+    raw.update(seed=3, unsafe_fixed_seed=True)
+    cfg = validate(raw)
+    assert cfg.seed == 3 and cfg.unsafe_fixed_seed is True
+    raw.update(seed=None)
+    assert validate(raw).seed is None  # the flag alone changes nothing
+    raw = base()
+    raw.update(diagnostics=True)
+    assert validate(raw).diagnostics is True  # diagnostics without a ledger: allowed (labelled NON-PRIVATE)
+    raw = base()
+    raw["algorithm"] = {"name": "maxcover", "k": 3, "candidates": "table", "candidate_table": "data/public_candidates"}
+    raw["privacy"] = {"epsilon": 1.0, "delta": 1e-6}
+    assert validate(raw).algorithm.params.candidate_table == "data/public_candidates"
 
 
 def test_ball_domain_and_array_column():
