@@ -264,7 +264,7 @@ def test_cron_line_with_sigterm_mid_fit_then_the_retry(spark, tmp_path):
     spark.createDataFrame(rows).repartition(4).write.format("delta").save(table)
     key = tables.ledger_key_of(spark, table)
     Ledger(spark, ledger_path).set_budget(key, 10.0, 0.0)
-    cfg = daily_config(tmp_path, table, ledger_path, out, **{"algorithm.iterations": 60,
+    cfg = daily_config(tmp_path, table, ledger_path, out, **{"algorithm.iterations": 30,
                                                              "spark": {"conf": {"spark.ui.enabled": False}}})
     log = tmp_path / "cron.log"
     env = {**os.environ, "DPSPARK_HOME": str(ROOT), "DPSPARK_CONFIG": cfg, "DPSPARK_LOG": str(log)}
@@ -276,7 +276,7 @@ def test_cron_line_with_sigterm_mid_fit_then_the_retry(spark, tmp_path):
     proc = subprocess.Popen(["bash", "-c", command], env=env)  # exec: proc.pid is dpspark itself
     try:
         deadline = time.time() + 240
-        while "dplloyd: iteration 2" not in (log.read_text() if log.exists() else ""):
+        while "dplloyd iteration 2/" not in (log.read_text() if log.exists() else ""):
             assert proc.poll() is None, log.read_text()
             assert time.time() < deadline, "the fit never started"
             time.sleep(0.3)
