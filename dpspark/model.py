@@ -42,6 +42,9 @@ class ClusteringModel:
         """Add ``prediction_col``: the index of the nearest released center (in unit space).
 
         NOT differentially private: the labels are computed from the rows of ``df``.
+        Distances by the families' per-entry rule (``maxcover.kernels.nearest_center``, ties to
+        the lowest index), so a row's label depends only on that row and the centers. A row the
+        fit would drop (a null, NaN or +-inf feature) gets a null prediction.
         """
         from pyspark.sql import functions as F
         from pyspark.sql.functions import pandas_udf
@@ -49,18 +52,26 @@ class ClusteringModel:
         from dpspark.tables import _feature_expressions
 
         exprs, _ = _feature_expressions(df, self.features, self.domain.dim)
+        valid = None
+        for c in exprs:  # the validity test of tables.prepare_points
+            ok = c.isNotNull() & ~F.isnan(c) & (F.abs(c) != F.lit(float("inf")))
+            valid = ok if valid is None else valid & ok
         unit_cols = self.domain.unit_columns(exprs)
         unit_centers = self.domain.clip_to_unit(self.centers)
-        c_sq = (unit_centers**2).sum(axis=1)
+        dim = self.domain.dim
 
         @pandas_udf("int")
         def nearest(points: pd.DataFrame) -> pd.Series:
-            x = points.to_numpy(dtype=np.float64)
-            labels = np.argmin(c_sq[None, :] - 2.0 * (np.nan_to_num(x) @ unit_centers.T), axis=1)
-            out = pd.Series(labels.astype(np.int32))
-            return out.where(~np.isnan(x).any(axis=1), None)
+            from dpspark.maxcover.kernels import nearest_center
+            from dpspark.privacy.fixedpoint import sanitize_unit
 
-        return df.withColumn(prediction_col, nearest(F.struct(*[c.alias(f"u{j}") for j, c in enumerate(unit_cols)])))
+            ok = points["valid"].fillna(False).to_numpy(dtype=bool)
+            x = sanitize_unit(points[[f"u{j}" for j in range(dim)]].to_numpy(dtype=np.float64))
+            out = pd.Series(nearest_center(x, unit_centers).astype(np.int32))
+            return out.where(ok, None)
+
+        point = F.struct(valid.alias("valid"), *[c.alias(f"u{j}") for j, c in enumerate(unit_cols)])
+        return df.withColumn(prediction_col, nearest(point))
 
     def summary(self) -> dict:
         return {

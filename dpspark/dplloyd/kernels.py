@@ -1,30 +1,41 @@
 """The executor side of the DP Lloyd pass: numpy only.
 
 ``exact_aggregates`` runs inside ``mapInPandas`` on the executors (and in the numpy
-reference on the driver), so this module imports numpy and
-``dpspark.privacy.fixedpoint`` only: never scikit-learn, OpenDP or pyspark.
+reference on the driver), so this module imports numpy, ``dpspark.privacy.fixedpoint``
+and ``dpspark.maxcover.kernels`` (the shared per-entry distance rule, numpy only) only:
+never scikit-learn, OpenDP or pyspark.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from dpspark.privacy.fixedpoint import SCALE
+from dpspark.maxcover.kernels import nearest_center  # numpy only (maxcover/__init__ imports nothing eagerly)
+from dpspark.privacy.fixedpoint import SCALE, sanitize_fixed
 
 
 def assign(xq: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     """Index of the nearest centroid (ties to the lowest index), as the Spark pass computes it.
 
-    argmin_j ||c_j||^2 - 2 x . c_j  (||x||^2 is common to all j). The Spark pass and the
-    numpy reference share this function, so their exact aggregates agree bit for bit.
+    By maxcover's per-entry rule (``nearest_center``: explicit per-coordinate differences,
+    squared and summed in order, no matrix product): a record's label depends only on that
+    record and the centroids, never on the batch it arrives in, its size, order or BLAS
+    threading. (With ``xq @ centroids.T`` the rounding could depend on the batch shape, so
+    near a tie one record's presence could flip another record's cluster.) The Spark pass
+    and the numpy reference share this function, so their exact aggregates agree bit for bit.
     """
-    c_sq = (centroids**2).sum(axis=1)
-    return np.argmin(c_sq[None, :] - 2.0 * (xq @ centroids.T), axis=1)
+    return nearest_center(xq, centroids)
 
 
 def exact_aggregates(q: np.ndarray, centroids: np.ndarray):
-    """Exact counts (K,) and fixed-point sums (K, d), int64, of fixed-point points ``q``."""
+    """Exact counts (K,) and fixed-point sums (K, d), int64, of fixed-point points ``q``.
+
+    ``q`` first goes through ``sanitize_fixed`` (second line of defence: a cast NaN, INT64_MIN,
+    reads as 0, everything is clamped to [-SCALE, SCALE]), so one row adds exactly 1 to one
+    count and at most SCALE in absolute value to each coordinate sum, whatever it holds.
+    """
     k, dim = centroids.shape
+    q = sanitize_fixed(q).reshape(-1, dim)
     labels = assign(q.astype(np.float64) / SCALE, centroids)
     counts = np.bincount(labels, minlength=k).astype(np.int64)
     sums = np.zeros((k, dim), dtype=np.int64)

@@ -9,7 +9,9 @@ whose Python holds only numpy, pandas and pyarrow, and also checks the import ru
 without a cluster.
 
 The distance rule (``_sq_dists``) is shared with the driver-side numpy reference in
-``dpspark.maxcover.core``, so both agree bit for bit.
+``dpspark.maxcover.core``, so both agree bit for bit; ``nearest_center`` (the same rule)
+also labels dplloyd's points (``dpspark.dplloyd.kernels.assign``) and
+``ClusteringModel.transform``'s rows. Every batch read goes through ``sanitize_unit``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dpspark.privacy.fixedpoint import SCALE
+from dpspark.privacy.fixedpoint import SCALE, sanitize_unit
 
 # Upper bound on the number of float64 cells one chunk of a distance computation may use.
 _CHUNK_CELLS = 4_000_000
+
+# Distances per chunk of ``nearest_center`` (two float64 temporaries of 512 KiB: cache-sized).
+_NEAREST_CELLS = 1 << 16
 
 # Rows per pandas DataFrame a partition yields (keeps Arrow batches moderate).
 _YIELD_ROWS = 200_000
@@ -54,6 +59,24 @@ def _sq_dists(x: np.ndarray, c: np.ndarray) -> np.ndarray:
         np.subtract(x[:, j, None], c[None, :, j], out=diff)
         np.multiply(diff, diff, out=diff)
         out += diff
+    return out
+
+
+def nearest_center(x: np.ndarray, centers: np.ndarray, chunk_rows: int | None = None) -> np.ndarray:
+    """Index (int64) of the nearest center of every row by ``_sq_dists``, ties to the lowest index.
+
+    A row's label depends only on that row and the centers (per-entry distances, no
+    matrix product whose rounding could depend on the batch's shape or on threading),
+    so it is the same alone, in any batch, in any order. Chunked: by default about
+    ``_NEAREST_CELLS`` distances at a time (the temporaries stay in cache, which is
+    faster than ``_chunk_rows``' large chunks here); the labels do not depend on it.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    centers = np.asarray(centers, dtype=np.float64)
+    step = chunk_rows or max(1, _NEAREST_CELLS // max(1, centers.shape[0]))
+    out = np.empty(x.shape[0], dtype=np.int64)
+    for start in range(0, x.shape[0], step):
+        out[start : start + step] = np.argmin(_sq_dists(x[start : start + step], centers), axis=1)
     return out
 
 
@@ -130,9 +153,15 @@ def _within(xc: np.ndarray, candidates: np.ndarray, t: float, p: int):
 
 
 def _batches_of_points(batches, columns):
+    """The (rows x d) float64 points of each non-empty batch, through ``sanitize_unit``.
+
+    Second line of defence (``dpspark.privacy.fixedpoint``): NaN -> 0, +-inf -> +-1, clamp into
+    [-1, 1]. A NaN row reaching the bounding-box tests would make its whole chunk's box NaN, every
+    comparison false, and so remove up to ``_PRUNE_ROWS`` OTHER points from the counts.
+    """
     for pdf in batches:
         if len(pdf):
-            yield pdf[columns].to_numpy(dtype=np.float64)
+            yield sanitize_unit(pdf[columns].to_numpy(dtype=np.float64))
 
 
 def _chunk_size(n_cols: int, dim: int) -> int:
@@ -235,9 +264,7 @@ def snap_aggregator(centers, columns: list[str], chunk_rows: int):
 
         counts = np.zeros(k, dtype=np.int64)
         for x in _batches_of_points(batches, columns):
-            for start in range(0, x.shape[0], chunk_rows):
-                nearest = np.argmin(_sq_dists(x[start : start + chunk_rows], centers), axis=1)
-                counts += np.bincount(nearest, minlength=k).astype(np.int64)
+            counts += np.bincount(nearest_center(x, centers, chunk_rows), minlength=k).astype(np.int64)
         yield pd.DataFrame({"center": np.arange(k, dtype=np.int32), "n": counts})
 
     return run
