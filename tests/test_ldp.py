@@ -238,20 +238,28 @@ def test_simulate_and_ingest_give_the_same_centers_for_the_same_reports(spark, t
         if r == 1:  # nothing to release yet: the run stops (exit 1), round 1 is published
             with pytest.raises(AwaitingReports, match="round 1"):
                 ingest.fit(df)
-        elif r == 2:  # a CLI run made too early: exit 1 BEFORE the ledger, nothing charged or written
+        elif r == 2:  # a CLI run made too early: exit 1 BEFORE the charge, nothing charged or written
+            from dpspark import tables
+
             early_cfg = tmp_path / "early.yaml"
             ledger_path = str(tmp_path / "ledger")
+            key = tables.ledger_key_of(spark, path)
+            Ledger(spark, ledger_path).set_budget(key, 10.0, 0.0, guarantee="local")  # budget there: not why it stops
             early_cfg.write_text(yaml.safe_dump({
                 "input": {"path": path, "features": ["x", "y"], "privacy_unit": "user"},
                 "domain": {"lower": [0, 0], "upper": [100, 100]},
                 "privacy": {"epsilon": 4.0, "delta": 0.0, "ledger": ledger_path},
                 "algorithm": {"name": "ldp", "k": 3, "mode": "ingest", "protocol_path": protocol_path,
                               "reports_path": reports_path},
-                "output": {"path": str(tmp_path / "out-early"), "report": False}, "seed": 11}))
-            assert main(["run", "--config", str(early_cfg)], spark=spark) == 1
-            assert Ledger(spark, ledger_path).totals(path).spent_epsilon == 0.0
+                "output": {"path": str(tmp_path / "out-early"), "report": False}, "seed": 11,
+                "unsafe_fixed_seed": True}))
+            assert main(["run", "--config", str(early_cfg), "--run-id", "early"], spark=spark) == 1
+            ledger = Ledger(spark, ledger_path)
+            assert ledger.totals(key, guarantee="local").spent_epsilon == 0.0
+            assert [(e["run_id"], e["attempt"], e["status"]) for e in ledger.runs(key)] == [
+                ("early", 1, "started"), ("early", 1, "awaiting")]
             runs = spark.read.format("delta").load(str(tmp_path / "out-early" / "runs")).collect()
-            assert [(row.status, row.epsilon_spent) for row in runs] == [("awaiting", 0.0)]
+            assert [(row.status, row.epsilon_spent, row.charged) for row in runs] == [("awaiting", 0.0, False)]
             assert not (tmp_path / "out-early" / "centers").exists()
             assert not (tmp_path / "out-early" / "summary.json").exists()
         else:  # the same walk without releasing anything
@@ -272,7 +280,7 @@ def test_simulate_and_ingest_give_the_same_centers_for_the_same_reports(spark, t
            "domain": {"lower": [0, 0], "upper": [100, 100]}, "privacy": {"epsilon": 4.0, "delta": 0.0},
            "algorithm": {"name": "ldp", "k": 3, "mode": "ingest", "protocol_path": protocol_path,
                          "reports_path": reports_path},
-           "output": {"path": str(tmp_path / "out-ingest"), "report": False}, "seed": 11}
+           "output": {"path": str(tmp_path / "out-ingest"), "report": False}, "seed": 11, "unsafe_fixed_seed": True}
     cfg_path = tmp_path / "ingest.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     assert main(["advance", "--config", str(cfg_path)], spark=spark) == 0  # nothing left to publish, nothing charged
@@ -286,18 +294,42 @@ def test_simulate_and_ingest_give_the_same_centers_for_the_same_reports(spark, t
 
 @pytest.mark.parametrize("objective", ["kmeans", "kmedian"])
 def test_cli_end_to_end(spark, tmp_path, write_delta, objective):
+    """kmeans: charged to a ledger, in the LOCAL currency: a central cap does not admit an ldp run
+    (exit 3), a local cap does, and the central total stays 0."""
+    from dpspark import tables
     from dpspark.cli import main
+    from dpspark.privacy.ledger import Ledger
 
     path = write_delta(blob_frame(7000, seed=3).drop(columns=["user"]))
+    ledger_path = str(tmp_path / "ledger")
     cfg = {"input": {"path": path, "features": ["x", "y"]}, "domain": {"lower": [0, 0], "upper": [100, 100]},
-           "privacy": {"epsilon": 4.0, "delta": 0.0}, "algorithm": {"name": "ldp", "k": 3},
-           "output": {"path": str(tmp_path / "out"), "report": False}, "seed": 21}
+           "privacy": {"epsilon": 4.0, "delta": 0.0, "ledger": ledger_path if objective == "kmeans" else None},
+           "algorithm": {"name": "ldp", "k": 3},
+           "output": {"path": str(tmp_path / "out"), "report": False}, "seed": 21, "unsafe_fixed_seed": True}
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    assert main(["run", "--config", str(cfg_path), "--set", f"algorithm.objective={objective}"], spark=spark) == 0
+    args = ["run", "--config", str(cfg_path), "--set", f"algorithm.objective={objective}"]
+    if objective == "kmeans":
+        key = tables.ledger_key_of(spark, path)
+        ledger = Ledger(spark, ledger_path)
+        ledger.set_budget(key, 100.0, 1e-5)  # central only
+        assert main([*args, "--run-id", "no-local-cap"], spark=spark) == 3
+        assert not (tmp_path / "out" / "summary.json").exists()
+        ledger.set_budget(key, 8.0, 0.0, guarantee="local")
+    assert main([*args, "--run-id", "ok"], spark=spark) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["objective"] == objective and len(summary["centers"]) == 3
-    assert summary["epsilon_spent"] == 4.0 and summary["delta_spent"] == 0.0
+    assert summary["epsilon_spent"] == 4.0 and summary["delta_spent"] == 0.0 and summary["guarantee"] == "local"
     assert sum(c["epsilon"] for c in summary["charges"]) == 4.0 and "LOCAL" in summary["charges"][0]["step"]
+    assert summary["private"] is False  # seed 21
     # n = 21,000 users at epsilon = 4: every blob (sd 5) gets a released center within 10 units.
     assert _near_all_blobs(summary["centers"], 10.0), summary["centers"]
+    # Exact report counts per round are NON-PRIVATE operational metadata: runs/ only, not the summary.
+    run = spark.read.format("delta").load(str(tmp_path / "out" / "runs")).where("run_id = 'ok'").first()
+    assert run.guarantee == "local" and "reports_per_round" in json.loads(run.non_private_operational)
+    assert "reports_per_round" not in json.dumps(summary)
+    if objective == "kmeans":
+        assert ledger.totals(key, guarantee="local").spent_epsilon == 4.0
+        assert ledger.totals(key).spent_epsilon == 0.0  # never added to the central total
+        charged = [(e["run_id"], e["guarantee"], e["epsilon"]) for e in ledger.runs(key) if e["status"] in ("charged", "refused")]
+        assert charged == [("no-local-cap", "local", 0.0), ("ok", "local", 4.0)]
