@@ -403,7 +403,9 @@ def build_html(info: dict, png: bytes | None = None) -> str:
     parts += ["<h2>Parameters (public)</h2>",
               _table(["key", "value"], [[k, v if isinstance(v, str) else json.dumps(v, default=str)] for k, v in params.items()])]
     timings = info.get("timings") or {}
-    parts += ["<h2>Timings</h2>", _table(["step", "seconds"], [[k, f"{float(v):.2f}"] for k, v in timings.items() if v is not None])]
+    if timings:  # wall times grow with n: the runner passes them only with non-private diagnostics
+        parts += ["<h2 class='warn'>Timings (NON-PRIVATE: wall times depend on the data)</h2>",
+                  _table(["step", "seconds"], [[k, f"{float(v):.2f}"] for k, v in timings.items() if v is not None])]
     if diagnostics is not None:
         parts += [f"<h2 class='warn'>{NON_PRIVATE_LABEL} (not differentially private)</h2>",
                   _table(["key", "value"], [[k, _fmt(v) if isinstance(v, (int, float, np.number)) else v]
