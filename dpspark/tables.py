@@ -145,6 +145,10 @@ def _open(spark, path: str, fmt: str, version: int | None, timestamp: str | None
         raise SchemaError(f"input.version and input.timestamp need a Delta table; {path!r} is read as {fmt}")
     try:
         if fmt == "parquet":
+            # pandas writes nanosecond timestamps, which Spark refuses even in a column that is not
+            # read (PARQUET_TYPE_ILLEGAL while inferring the schema); read them as longs instead:
+            # dpspark never reads a column that is not a feature or the privacy unit.
+            spark.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")
             df = spark.read.parquet(path)
         else:
             df = spark.read.option("header", True).option("inferSchema", False).option("enforceSchema", False).csv(path)
