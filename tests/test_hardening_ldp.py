@@ -347,3 +347,25 @@ def test_contribution_bounding_semantics(spark):
     broken = np.zeros(3, dtype=int)
     broken[int(np.argmin(no_person.to_numpy()))] = 900
     assert uniform_p(broken) < 1e-6
+
+
+def test_client_to_unit_is_the_domains_total_map():
+    """The device-side map equals Domain.clip_to_unit bit for bit on extreme values (1e308 in a ball
+    of radius 0.5 was NaN, 1e200 with R >= 1 was the origin), and is always finite in [-1, 1]."""
+    from dpspark.privacy.domain import Domain
+
+    r = np.random.default_rng(0)
+    vals = [0.0, 1e308, -1e308, 5e-324, 1e200, np.nan, np.inf, -np.inf, 0.3, -0.7, 3.0]
+    for radius in (0.5, 1.0, 2.0, 1e-300, 1e300):
+        domain = Domain(3, radius=radius)
+        for _ in range(300):
+            p = r.choice(vals, size=3)
+            u = client.to_unit(p, {"radius": radius})
+            assert np.array_equal(u, domain.clip_to_unit(p)[0]), (radius, p)
+            assert np.all(np.isfinite(u)) and np.linalg.norm(u) <= 1.0 + 1e-12
+    assert np.allclose(client.to_unit([1e200, 0.0, 0.0], {"radius": 2.0}), [1.0, 0.0, 0.0])
+    box = Domain(3, lower=(-1e308, 0.0, -5.0), upper=(1e308, 1.0, 5.0))
+    for _ in range(300):
+        p = r.choice(vals, size=3)
+        u = client.to_unit(p, {"lower": box.lower, "upper": box.upper})
+        assert np.array_equal(u, box.clip_to_unit(p)[0]) and np.all(np.abs(u) <= 1.0)

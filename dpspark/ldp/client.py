@@ -189,15 +189,33 @@ def to_unit(point, domain: dict) -> np.ndarray:
     """Clip a point in original units into the PUBLIC domain and map it to unit space.
 
     ``domain``: {"lower": [...], "upper": [...]} (box onto [-1, 1]^d) or {"radius": R}
-    (ball onto the unit ball); the same map as ``dpspark.privacy.domain.Domain``.
+    (ball onto the unit ball); the same TOTAL map as ``dpspark.privacy.domain.Domain``
+    (the same float operations; this module may not import dpspark.privacy): any float
+    (NaN, +-inf, 1e308) gives finite coordinates in [-1, 1]; the ball's norm is taken
+    without overflow (scaled by the largest |x_j| first).
     """
     x = np.asarray(point, dtype=np.float64).reshape(-1)
-    if domain.get("radius") is not None:
-        u = x / float(domain["radius"])
-        return u / max(float(np.linalg.norm(u)), 1.0)
-    lo = np.asarray(domain["lower"], dtype=np.float64)
-    hi = np.asarray(domain["upper"], dtype=np.float64)
-    return np.clip(2.0 * (np.clip(x, lo, hi) - lo) / (hi - lo) - 1.0, -1.0, 1.0)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        if domain.get("radius") is not None:
+            radius = float(domain["radius"])
+            x = np.where(np.isnan(x), 0.0, np.clip(x, -_DBL_MAX, _DBL_MAX))
+            m = float(np.abs(x).max()) if x.size else 0.0
+            y = x / (m if m > 0.0 else 1.0)
+            s = y[0] * y[0] if x.size else 0.0
+            for j in range(1, x.size):
+                s = s + y[j] * y[j]
+            ny = float(np.sqrt(s))
+            u = y / max(ny, 1.0) if m * ny > radius else x / radius
+        else:
+            lo = np.asarray(domain["lower"], dtype=np.float64)
+            hi = np.asarray(domain["upper"], dtype=np.float64)
+            u = 2.0 * (np.clip(x, lo, hi) - lo) / (hi - lo) - 1.0
+    u = np.clip(u, -1.0, 1.0)
+    u[np.isnan(u)] = 0.0
+    return u
+
+
+_DBL_MAX = float(np.finfo(np.float64).max)
 
 
 def lsh_buckets(points, params: GoodCentersRound, i, m) -> np.ndarray:
