@@ -215,6 +215,7 @@ def run_one(method: str, ds: dict, eps: float, rep: int, args) -> dict:
            "epsilon": eps, "delta": DELTA if family == "maxcover" else 0.0, "method": method, "family": family,
            "objective": objective, "candidates": mode, "rep": rep, "baseline_cost": ds["base"][objective], "error": ""}
     timings: dict = {}
+    operational: dict = {}  # pass counts, fallbacks, histogram sizes: NON-PRIVATE, filled by fit, never on the model
     try:
         if family == "maxcover":
             kw = dict(k=ds["k"], epsilon=eps, delta=DELTA, domain=ds["domain"], features=ds["features"],
@@ -226,7 +227,7 @@ def run_one(method: str, ds: dict, eps: float, rep: int, args) -> dict:
             est = DPLloyd(k=ds["k"], epsilon=eps, domain=ds["domain"], features=ds["features"],
                           variant="allocation_nk", seed=seed)
         t0 = time.perf_counter()
-        model = est.fit(ds["df"], timings=timings)
+        model = est.fit(ds["df"], timings=timings, operational=operational)
         wall = time.perf_counter() - t0
     except Exception as exc:  # record and go on: a failing configuration is a result too
         log.error("%s %s eps=%g rep=%d failed: %s", ds["name"], method, eps, rep, exc)
@@ -244,11 +245,11 @@ def run_one(method: str, ds: dict, eps: float, rep: int, args) -> dict:
         "noise": info.get("randomness", {}).get("noise", ""),
     })
     if family == "maxcover":
-        hist = [h for h in info.get("histogram_sizes", []) if h is not None]
+        hist = [h for h in operational.get("histogram_sizes", []) if h is not None]
         row.update({
-            "spark_passes": info["spark_passes"], "thresholds": info["thresholds"],
+            "spark_passes": operational["spark_passes"], "thresholds": info["thresholds"],
             "candidate_count": info["candidate_count"], "picks_per_threshold": info["picks_per_threshold"],
-            "chosen_centers": info["chosen_centers"], "fallback_thresholds": len(info["fallback_thresholds"]),
+            "chosen_centers": info["chosen_centers"], "fallback_thresholds": len(operational["fallback_thresholds"]),
             "max_histogram": max(hist) if hist else 0,
             "padded_public_points": (info.get("private_candidates") or {}).get("padded_public_points", ""),
         })
@@ -436,7 +437,7 @@ def report(out_dir: Path, command: str, args):
         "solver the discrete local search over the candidate rows (the paper's discrete setting); `table` is run for k-median "
         "only (with the k-means solver it is the grid mode).",
         "",
-        "Spark passes: maxcover `info[\"spark_passes\"]` (r thresholds + 1 snap pass, + 1 for private candidates); dplloyd "
+        "Spark passes: maxcover `fit(df, operational=ops)`'s `ops[\"spark_passes\"]` (r thresholds + 1 snap pass, + 1 for private candidates); dplloyd "
         "one aggregation pass per iteration. Wall time: the whole `fit` (seconds).",
         "",
     ]
@@ -592,16 +593,18 @@ def speed(args, out_dir: Path, command: str):
             for rep in range(args.speed_reps):
                 for obj, mode in configs:
                     timings: dict = {}
+                    operational: dict = {}  # NON-PRIVATE operational metadata filled by fit
                     with PeakMemory(jvm) as mem:
                         t0 = time.perf_counter()
                         model = MaxCover(k=k, epsilon=eps, delta=DELTA, domain=domain, features=features, objective=obj,
-                                         candidates=mode, candidate_count=args.candidate_count).fit(df, timings=timings)
+                                         candidates=mode, candidate_count=args.candidate_count).fit(
+                                             df, timings=timings, operational=operational)
                         wall = time.perf_counter() - t0
                     info = model.info
-                    hist = [h for h in info["histogram_sizes"] if h is not None]
+                    hist = [h for h in operational["histogram_sizes"] if h is not None]
                     res = {"n": n, "rep": rep, "job": f"maxcover {obj} {mode}", "objective": obj, "wall_s": wall,
-                           "passes": info["spark_passes"], "r": info["thresholds"], "candidates": info["candidate_count"],
-                           "fallbacks": len(info["fallback_thresholds"]), "max_hist": max(hist) if hist else 0,
+                           "passes": operational["spark_passes"], "r": info["thresholds"], "candidates": info["candidate_count"],
+                           "fallbacks": len(operational["fallback_thresholds"]), "max_hist": max(hist) if hist else 0,
                            "pass_s": sum(v for key, v in timings.items() if "pass" in key),
                            "solve_s": sum(v for key, v in timings.items() if "solve" in key),
                            "py_peak_mb": mem.py_peak_mb, "jvm_peak_mb": mem.jvm_peak_mb, "hwm_reset": [mem.py_reset, mem.jvm_reset],
@@ -666,7 +669,7 @@ def speed_report(results, out_dir: Path, command: str, args, py_lifetime_mb: flo
         "- MLlib: `KMeans(k=15, maxIter=20, tol=0)` (default k-means|| init, initSteps=2). End to end = VectorAssembler on the "
         "Delta table, cache + count, fit; fit only = a second, identical fit (same seed) on the cached vectors. "
         "MLlib stops before maxIter if no center moves (tol=0): iterations run are listed.",
-        "- Spark passes: maxcover's `info[\"spark_passes\"]`; the issue's target is at most r + 2 (r = number of thresholds).",
+        "- Spark passes: maxcover's `fit(df, operational=ops)` `ops[\"spark_passes\"]`; the issue's target is at most r + 2 (r = number of thresholds).",
         "- Peak memory: Python driver = VmHWM of /proc/self/status, reset before each job via /proc/self/clear_refs; "
         f"JVM = VmHWM of /proc/{jvm}/status (the java child process of the Python driver; psutil is not installed), reset the "
         f"same way. Lifetime peak of the Python driver (resource.getrusage(RUSAGE_SELF).ru_maxrss, includes the final "

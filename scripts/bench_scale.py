@@ -14,7 +14,7 @@ Jobs per (n, d), in one local SparkSession (``build_session(master="local[2]")``
   ``VectorAssembler`` output of the same table, end to end (assemble + cache + fit).
 
 Measured: wall time of the whole ``fit`` (Delta read included), Spark passes over the data
-(``model.info["spark_passes"]`` for maxcover; for the others counted from their code path: dplloyd = its
+(``spark_passes`` of the ``operational`` dict maxcover's ``fit`` fills, NON-PRIVATE metadata; for the others counted from their code path: dplloyd = its
 iterations, one aggregation pass each; ldp = 3 rounds; MLlib = cache pass + k-means|| init (initSteps = 2
 passes + 1 cost pass) + ``summary.numIter`` Lloyd passes + 1 training-cost pass, an approximation from MLlib's
 code path, marked ``~``), peak driver memory from the OS: the Python driver's peak RSS (``VmHWM`` of
@@ -106,9 +106,10 @@ def run_job(job: str, spark, df, domain, features, seed_base: int, tiny: bool = 
     if job == "maxcover":
         from dpspark.maxcover.estimator import MaxCover
 
+        operational: dict = {}  # pass counts depend on the data: NON-PRIVATE, never on the model
         m = MaxCover(k=K, epsilon=EPS, delta=DELTA, domain=domain, features=features, objective="kmeans",
-                     candidate_count=200 if tiny else 1000).fit(df)
-        return m.centers, m.info.get("spark_passes"), "model.info", m.epsilon_spent
+                     candidate_count=200 if tiny else 1000).fit(df, operational=operational)
+        return m.centers, operational.get("spark_passes"), "fit(operational=...)", m.epsilon_spent
     if job == "dplloyd":
         from dpspark.dplloyd.estimator import DPLloyd
 
