@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpspark.dplloyd.kernels import exact_aggregates
-from dpspark.privacy.fixedpoint import SCALE
+from dpspark.privacy.fixedpoint import quantize
 
 
 def _schema(dim: int) -> str:
@@ -33,7 +33,7 @@ def partition_aggregator(centroids: np.ndarray, columns: list[str]):
         for pdf in batches:
             if len(pdf) == 0:
                 continue
-            q = np.rint(pdf[columns].to_numpy(dtype=np.float64) * SCALE).astype(np.int64)  # fixed point
+            q = quantize(pdf[columns].to_numpy(dtype=np.float64))  # fixed point, bounded (NaN -> 0, clamped)
             c, s_ = exact_aggregates(q, centroids)
             counts += c
             sums += s_

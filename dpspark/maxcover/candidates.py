@@ -91,8 +91,11 @@ def clip_original(domain: Domain, x: np.ndarray) -> np.ndarray:
     """Clip points into the domain in ORIGINAL units (a row already inside is returned unchanged)."""
     x = np.asarray(x, dtype=np.float64).reshape(-1, domain.dim)
     if domain.is_ball:
-        norms = np.linalg.norm(x, axis=1, keepdims=True) / domain.radius
-        return np.where(norms > 1.0, x / np.maximum(norms, 1.0), x)
+        # Rows outside go through the domain's total map (its norm cannot overflow), rows inside stay.
+        unit = domain.clip_to_unit(x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            inside = np.all(np.isfinite(x), axis=1) & np.all(np.abs(x / domain.radius - unit) == 0.0, axis=1)
+        return np.where(inside[:, None], x, domain.from_unit(unit))
     return np.clip(x, np.asarray(domain.lower), np.asarray(domain.upper))
 
 
