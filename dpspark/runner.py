@@ -19,10 +19,12 @@ its status in ``runs/`` and in the ledger, and any charge stays.
 
 Reusing a charge. An attempt that was charged but ended (failed or killed, recorded) BEFORE its fit
 started never read a private value (only the table's schema and version) and never drew noise, so
-it released nothing: its charge covers nothing yet. The next attempt of the same run id may use it
-instead of charging again, once (the reusing attempt then holds the charge). An attempt whose fit
-started, or whose end was never recorded (SIGKILL), is charged for good: its noisy values may have
-reached a log.
+it released nothing: its charge covers nothing yet. The next attempt of the same run id may take
+it over instead of charging again, once: the decision reads only the ledger (a ``fit_started``
+event is written before every fit; ``runs/`` is under a user-writable path and is not trusted),
+and the takeover is an atomic claim in the ledger, so two concurrent retries cannot both reuse
+one charge. An attempt whose fit started, or whose end was never recorded (SIGKILL), is charged
+for good: its noisy values may have reached a log.
 
 Outputs carry only released values and public parameters. Wall times and pass counts depend on
 the data: they go to ``runs/`` (column ``non_private_operational``, the operator's log), and to
@@ -96,36 +98,40 @@ def _now():
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-def _reusable_charge(earlier: list[dict], input_key: str, plan: tuple, guarantee: str, ledger, run_id: str):
-    """The attempt number whose charge this attempt may reuse, or None (see the module docstring).
+def _reusable_charge(ledger, input_key: str, run_id: str, plan: tuple, guarantee: str):
+    """The attempt whose charge this attempt may take over, or None (see the module docstring).
 
-    The ledger is the source of truth for the charge (a kill can land after the charge committed
-    and before ``runs/`` heard of it); ``runs/`` says whether the fit started.
+    Decided from the LEDGER only (``runs/`` lives under a user-writable output path): the latest
+    charged attempt of this run id ended (failed or killed, recorded) without a ``fit_started``
+    event, nothing of this run id succeeded, and its charge was for the same (epsilon, delta,
+    guarantee). The caller must still win ``Ledger.claim_charge`` (one taker per charge).
     """
-    if not earlier or ledger is None:
-        return None
-    last = earlier[-1]
-    if not (last.get("status") in ("failed", "killed") and last.get("fit_started") is False):
-        return None
-    if last.get("input_key") != input_key:
+    if ledger is None:
         return None
     events = [e for e in ledger.runs(input_key) if e["run_id"] == run_id]
     if any(e["status"] == "succeeded" for e in events):
         return None
-    by_attempt = {int(a["attempt"]): a for a in earlier}
-    holder = int(last["attempt"])
-    for _ in range(len(earlier)):  # follow a chain of reuses back to the attempt that was charged
-        statuses = {e["status"] for e in events if e.get("attempt") == holder}
-        if "charged" in statuses:
-            charge = next(e for e in events if e.get("attempt") == holder and e["status"] == "charged")
-            same = (math.isclose(charge["epsilon"], plan[0], rel_tol=1e-12)
-                    and math.isclose(charge["delta"], plan[1], rel_tol=1e-12, abs_tol=1e-300)
-                    and (charge.get("guarantee") or "central") == guarantee)
-            return int(last["attempt"]) if same else None
-        if "reused" not in statuses or by_attempt.get(holder, {}).get("charge_reused_from") is None:
-            return None
-        holder = int(by_attempt[holder]["charge_reused_from"])
-    return None
+    charges = [e for e in events if e["status"] == "charged" and e.get("attempt") is not None]
+    if not charges:
+        return None
+    charge = max(charges, key=lambda e: int(e["attempt"]))
+    attempt = int(charge["attempt"])
+    mine = {e["status"] for e in events if e.get("attempt") == attempt}
+    if "fit_started" in mine or not mine & {"failed", "killed"}:
+        return None
+    same = (math.isclose(charge["epsilon"], plan[0], rel_tol=1e-12)
+            and math.isclose(charge["delta"], plan[1], rel_tol=1e-12, abs_tol=1e-300)
+            and (charge.get("guarantee") or "central") == guarantee)
+    return attempt if same else None
+
+
+def _error_text(exc: BaseException, fit_started: bool) -> str:
+    """What ``runs/`` and ``--json`` say about a failure. dpspark's own messages name keys and
+    public values only; another exception raised once the fit has started may quote a private
+    value (e.g. a Spark cast error), so only its type is recorded: the driver log has the rest."""
+    if isinstance(exc, (DPSparkError, RunKilled)) or not fit_started:
+        return f"{type(exc).__name__}: {exc}"[:4000]
+    return f"{type(exc).__name__} during the fit (details in the driver log only: they may quote private values)"
 
 
 def run(config, spark, run_id: str | None = None, randomness: Randomness | None = None, force: bool = False) -> RunResult:
@@ -221,7 +227,9 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         ledger_totals = None
         if ledger is not None:
             budget = config.privacy.budget
-            reuse = _reusable_charge(earlier, input_key, (plan_eps, plan_delta), guarantee, ledger, run_id)
+            reuse = _reusable_charge(ledger, input_key, run_id, (plan_eps, plan_delta), guarantee)
+            if reuse is not None and not ledger.claim_charge(input_key, run_id, reuse, attempt):
+                reuse = None  # another attempt took it over first: charge as usual
             try:
                 with step("privacy ledger: charge", timings):
                     if reuse is not None:
@@ -244,6 +252,8 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             # The charge is written; from here on the budget stays spent whatever happens.
             record.update(epsilon_spent=plan_eps, delta_spent=plan_delta, charged=True)
 
+        if ledger is not None:  # from here on this attempt's charge is spent for good
+            ledger.mark(input_key, run_id, "fit_started", attempt=attempt, guarantee=guarantee)
         record["fit_started"] = True
         operational: dict = {}
         with step(f"{config.algorithm.name}: fit", timings):
@@ -270,8 +280,9 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             "feature_names": model.feature_names, "charges": model.charges,
             "charge_reused_from": record["charge_reused_from"],
             "parameters": model.parameters,
-            "input": {"path": table.path, "key": input_key, "format": config.input.format, "version": table.version,
-                      "where": config.input.where},
+            # The Delta version read is in runs/ and the --json line, not in the published summary
+            # (a table's commit count can reflect per-person deletes).
+            "input": {"path": table.path, "key": input_key, "format": config.input.format, "where": config.input.where},
             "ledger": _ledger_view(ledger_totals),
             "randomness": randomness.describe(),
             "outputs": _listed_outputs(paths, run_id, config.output.report),
@@ -298,7 +309,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             _cancel_jobs(spark)
         if wrote_outputs:
             _cleanup(spark, paths, run_id)
-        record.update(status="killed" if killed else "failed", ended_at=_now(), error=f"{type(exc).__name__}: {exc}"[:4000])
+        record.update(status="killed" if killed else "failed", ended_at=_now(), error=_error_text(exc, record["fit_started"]))
         record["non_private_operational"] = _json({"timings": {k: round(v, 3) for k, v in timings.items()}})
         try:
             _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee, input_key)

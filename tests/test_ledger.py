@@ -40,7 +40,8 @@ def test_second_run_over_budget_is_refused_with_exit_3_and_writes_only_its_refus
     ledger = Ledger(spark, ledger_path)
     totals = ledger.totals(key)
     assert totals.spent_epsilon == pytest.approx(1.0) and totals.ledger_cap_epsilon == 1.5
-    assert statuses(ledger, key) == [("first", 1, "started", 0.0), ("first", 1, "charged", 1.0), ("first", 1, "succeeded", 0.0),
+    assert statuses(ledger, key) == [("first", 1, "started", 0.0), ("first", 1, "charged", 1.0), ("first", 1, "fit_started", 0.0),
+                                     ("first", 1, "succeeded", 0.0),
                                      ("second", 1, "started", 0.0), ("second", 1, "refused", 0.0)]
     with open(os.path.join(c1["output"]["path"], "summary.json")) as handle:
         ledger_view = json.load(handle)["ledger"]
@@ -139,14 +140,15 @@ def test_failed_run_stays_charged_and_leaves_no_result(spark, tmp_path, write_de
     assert run.attempt == 1 and run.charged and run.fit_started
     ledger = Ledger(spark, ledger_path)
     assert ledger.totals(key).spent_epsilon == pytest.approx(1.0)
-    assert statuses(ledger, key) == [("doomed", 1, "started", 0.0), ("doomed", 1, "charged", 1.0), ("doomed", 1, "failed", 0.0)]
+    assert statuses(ledger, key) == [("doomed", 1, "started", 0.0), ("doomed", 1, "charged", 1.0),
+                                     ("doomed", 1, "fit_started", 0.0), ("doomed", 1, "failed", 0.0)]
     # The retry is attempt 2. Attempt 1's fit started (noise was drawn), so its charge is spent for
     # good: the retry is charged again and never reuses it.
     monkeypatch.setattr(tables, "write_run_record", original)
     assert main(["run", "--config", cfg, "--run-id", "doomed"], spark=spark) == 0
     assert ledger.totals(key).spent_epsilon == pytest.approx(2.0)
-    assert statuses(ledger, key)[3:] == [("doomed", 2, "started", 0.0), ("doomed", 2, "charged", 1.0),
-                                         ("doomed", 2, "succeeded", 0.0)]
+    assert statuses(ledger, key)[4:] == [("doomed", 2, "started", 0.0), ("doomed", 2, "charged", 1.0),
+                                         ("doomed", 2, "fit_started", 0.0), ("doomed", 2, "succeeded", 0.0)]
     runs = spark.read.format("delta").load(out + "/runs").orderBy("attempt").collect()
     assert [(r.attempt, r.status, r.charge_reused_from) for r in runs] == [(1, "failed", None), (2, "succeeded", None)]
 

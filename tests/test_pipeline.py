@@ -82,7 +82,7 @@ def test_delta_round_trip_records_the_version_read(spark, tmp_path, write_delta)
     # One row for the one attempt (its "running" row was replaced by its end), with the version read.
     assert [(r.run_id, r.attempt, r.status, r.input_version) for r in runs] == [("v1", 1, "succeeded", 1)]
     assert runs[0].input_key == tables.ledger_key_of(spark, path) and runs[0].input_key.startswith("delta-table:")
-    assert read_summary(cfg)["input"]["version"] == 1
+    assert "version" not in read_summary(cfg)["input"]  # in runs/ and the --json line, not in the release
 
 
 def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_delta):
@@ -98,7 +98,7 @@ def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_de
     # seed 7: NOT PRIVATE, and every output says so.
     assert summary["private"] is False and "NOT PRIVATE" in summary["privacy_note"]
     assert summary["input"] == {"path": path, "key": tables.ledger_key_of(spark, path), "format": "delta",
-                                "version": 0, "where": None}
+                                "where": None}
     assert read_summary(cfg, "full") == summary  # the per-run copy a downstream task reads
     assert summary["outputs"]["run_summary"] == os.path.join(out, "summary", "full.json")
     # Wall times grow with n: NON-PRIVATE operational metadata, kept out of the published outputs
@@ -256,7 +256,7 @@ def test_parquet_and_csv_inputs(spark, tmp_path, fmt):
                                                    "output.report": False})
     assert main(["run", "--config", cfg_path], spark=spark) == 0
     summary = read_summary(cfg)
-    assert summary["input"]["version"] is None and summary["input"]["format"] == fmt
+    assert summary["input"]["format"] == fmt
     assert summary["input"]["key"] == "file:" + os.path.realpath(path)
     if fmt == "parquet":
         assert "dplloyd: fit" in summary["non_private_timings"] and "non_private_diagnostics" in summary

@@ -109,7 +109,7 @@ def test_a_week_of_daily_runs(spark, tmp_path, monkeypatch, capsys):
     assert status["status"] == "already_succeeded" and status["epsilon_spent"] == 0.0
     assert centers_of(spark, out, "day-3") == 3
     summary = json.loads(open(out + "/summary/day-3.json").read())
-    assert summary["attempt"] == 2 and summary["input"]["version"] == 2
+    assert summary["attempt"] == 2 and "version" not in summary["input"]
 
     assert main(["run", "--config", cfg, "--run-id", "day-4"], spark=spark) == 0
     append(5)
@@ -125,8 +125,8 @@ def test_a_week_of_daily_runs(spark, tmp_path, monkeypatch, capsys):
     totals = ledger.totals(key)
     assert totals.spent_epsilon == pytest.approx(5.0) and totals.ledger_cap_epsilon == 5.0
     events = [(e["run_id"], e["attempt"], e["status"]) for e in ledger.runs(key) if e["run_id"] == "day-3"]
-    assert events == [("day-3", 1, "started"), ("day-3", 1, "charged"), ("day-3", 1, "killed"),
-                      ("day-3", 2, "started"), ("day-3", 2, "charged"), ("day-3", 2, "succeeded")]
+    assert events == [("day-3", 1, "started"), ("day-3", 1, "charged"), ("day-3", 1, "fit_started"), ("day-3", 1, "killed"),
+                      ("day-3", 2, "started"), ("day-3", 2, "charged"), ("day-3", 2, "fit_started"), ("day-3", 2, "succeeded")]
     capsys.readouterr()
     assert main(["ledger", "show", "--ledger", ledger_path, "--input", table], spark=spark) == 0
     shown = capsys.readouterr().out
@@ -158,10 +158,42 @@ def test_a_retry_reuses_the_charge_of_an_attempt_that_never_started_its_fit(spar
     runs = spark.read.format("delta").load(out + "/runs").orderBy("attempt").collect()
     assert [(r.attempt, r.status, r.fit_started, r.charge_reused_from) for r in runs] == [
         (1, "killed", False, None), (2, "succeeded", True, 1)]
-    assert [e["status"] for e in ledger.runs(key)] == ["started", "charged", "killed", "started", "reused", "succeeded"]
+    assert [e["status"] for e in ledger.runs(key)] == ["started", "charged", "killed", "started", "reused",
+                                                       "fit_started", "succeeded"]
     # A second deliberate release is a new charge.
     assert main(["run", "--config", cfg, "--run-id", "r", "--force"], spark=spark) == 0
     assert ledger.totals(key).spent_epsilon == pytest.approx(2.0) and centers_of(spark, out, "r") == 3
+    # One taker per charge, even for two retries at the same moment.
+    assert ledger.claim_charge(key, "other", 1, 2) is True and ledger.claim_charge(key, "other", 1, 3) is False
+
+
+def test_runs_table_edits_cannot_buy_a_second_release(spark, tmp_path, monkeypatch):
+    """runs/ lives under the user's output path: the reuse decision reads only the ledger. An attempt
+    whose fit started (and failed) stays charged even if runs/ is edited to say it never started."""
+    from delta.tables import DeltaTable
+
+    from dpspark import tables as tables_mod
+
+    table, ledger_path, out = str(tmp_path / "t"), str(tmp_path / "ledger"), str(tmp_path / "out")
+    spark.createDataFrame(day_rows(1)).write.format("delta").save(table)
+    key = tables.ledger_key_of(spark, table)
+    ledger = Ledger(spark, ledger_path)
+    ledger.set_budget(key, 3.0, 0.0)
+    cfg = daily_config(tmp_path, table, ledger_path, out)
+    real_write = tables_mod.write_centers
+
+    def fail_with_a_private_value(*args, **kwargs):
+        raise RuntimeError("CAST_INVALID_INPUT: the value '37.2' of the type STRING cannot be cast")
+
+    monkeypatch.setattr(tables_mod, "write_centers", fail_with_a_private_value)
+    assert main(["run", "--config", cfg, "--run-id", "r"], spark=spark) == 1
+    monkeypatch.setattr(tables_mod, "write_centers", real_write)
+    row = spark.read.format("delta").load(out + "/runs").first()
+    assert row.status == "failed" and "37.2" not in row.error and row.error.startswith("RuntimeError")
+    DeltaTable.forPath(spark, out + "/runs").update(set={"fit_started": "false"})
+    assert main(["run", "--config", cfg, "--run-id", "r"], spark=spark) == 0
+    assert ledger.totals(key).spent_epsilon == pytest.approx(2.0)
+    assert "reused" not in [e["status"] for e in ledger.runs(key)]
 
 
 @pytest.mark.parametrize("case", ["output_is_a_file", "missing_candidate_table"])
@@ -291,7 +323,7 @@ def test_cron_line_with_sigterm_mid_fit_then_the_retry(spark, tmp_path):
     assert [(r.run_id, r.attempt, r.status, r.fit_started) for r in runs] == [(run_id, 1, "killed", True)]
     assert not os.path.exists(out + "/summary.json") and not os.path.exists(out + "/centers")
     events = [(e["attempt"], e["status"]) for e in Ledger(spark, ledger_path).runs(key)]
-    assert events == [(1, "started"), (1, "charged"), (1, "killed")]
+    assert events == [(1, "started"), (1, "charged"), (1, "fit_started"), (1, "killed")]
 
     assert subprocess.run(["bash", "-c", command], env=env, timeout=300).returncode == 0, log.read_text()
     status = json.loads(log.read_text().strip().splitlines()[-1])

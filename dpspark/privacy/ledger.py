@@ -10,9 +10,12 @@ Rows (one table; column ``kind`` tells them apart):
   and its own total.
 - ``admin``: an append-only log of administrative events (``set-budget``, who and when);
 - ``run``: an append-only log of run events: ``started``, ``charged`` (with the epsilon and
-  delta charged), ``reused`` (a retry that reuses its failed attempt's charge, see the runner),
-  then ``succeeded``, ``failed`` or ``killed``; or ``refused`` (charged 0). A fixed-seed run's
-  events carry ``note = 'NOT PRIVATE (fixed seed)'``.
+  delta charged), ``fit_started`` (written before the attempt reads any private value), ``reused``
+  (a retry that takes over the charge of an attempt that ended before ``fit_started``, see the
+  runner), then ``succeeded``, ``failed`` or ``killed``; or ``refused`` (charged 0). A fixed-seed
+  run's events carry ``note = 'NOT PRIVATE (fixed seed)'``;
+- ``claim``: at most one per charged attempt, inserted atomically (MERGE) by the one retry that
+  takes over that attempt's charge, so two concurrent retries can never both reuse it.
 
 Input keys are canonical (``dpspark.tables``): a Delta table is keyed by the id in its metadata,
 any other table by its canonical path, so every spelling of one table has one balance.
@@ -96,7 +99,8 @@ def _small_table(method):
 
 
 def _balance_id(input_key: str, guarantee: str = "central") -> str:
-    tag = input_key if guarantee == "central" else f"{input_key}|{guarantee}"
+    # NUL cannot appear in a path or a table id, so no key's central id equals another key's local id.
+    tag = input_key if guarantee == "central" else f"{input_key}\x00{guarantee}"
     return "balance:" + hashlib.sha256(tag.encode()).hexdigest()[:32]
 
 
@@ -301,6 +305,23 @@ class Ledger:
         """Record a run's event (``started``, ``reused``, ``succeeded``, ``failed``, ``killed``); a charge is never given back."""
         self._append(kind="run", input_path=input_key, run_id=run_id, epsilon=0.0, delta=0.0, status=status,
                      attempt=attempt, guarantee=guarantee, note=note)
+
+    @_small_table
+    def claim_charge(self, input_key: str, run_id: str, charged_attempt: int, attempt: int) -> bool:
+        """Atomically take over the charge of ``charged_attempt`` for ``attempt``: True for exactly one caller."""
+        source = self.spark.createDataFrame([self._row(
+            entry_id=f"claim:{run_id}:{int(charged_attempt)}", kind="claim", input_path=input_key, run_id=run_id,
+            epsilon=0.0, delta=0.0, status="claimed", updated_at=self._now(), attempt=int(attempt))], SCHEMA).alias("s")
+        for attempt_no in range(MAX_ATTEMPTS):
+            try:
+                metrics = (self._ensure_table().alias("t").merge(source, "t.entry_id = s.entry_id")
+                           .whenNotMatchedInsertAll().execute().first())
+                return int(metrics["num_inserted_rows"]) == 1
+            except Exception as exc:
+                if not _is_conflict(exc) or attempt_no == MAX_ATTEMPTS - 1:
+                    raise
+                time.sleep(random.uniform(0.05, 0.5))
+        return False
 
     def _append(self, **values) -> None:
         """Append one event. Blind appends never conflict with other transactions."""
