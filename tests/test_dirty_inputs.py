@@ -80,3 +80,42 @@ def test_csv_missing_feature_column_names_it(spark, tmp_path, fmt):
     path.write_text("a,b\n1,2\n")
     with pytest.raises(Exception, match="feature column 'x'"):
         tables.load_input(spark, input_cfg(str(path), fmt))
+
+
+def where_cfg(path, fmt, where):
+    return validate({"input": {"path": path, "format": fmt, "features": ["x", "y"], "where": where},
+                     "domain": {"lower": [0, 0], "upper": [100, 100]},
+                     "algorithm": {"name": "dplloyd", "k": 2}, "output": {"path": "/tmp/unused"}}).input
+
+
+@pytest.mark.parametrize("where", [
+    "raise_error(concat('x=', x)) IS NULL",  # a failure that depends on a record, quoting its value
+    "assert_true(x <> 37.2) IS NULL",
+    "(SELECT count(*) FROM range(3)) > 0",  # a subquery could read the input itself
+    "reflect('java.lang.System', 'exit', 1) IS NULL",
+])
+def test_where_allows_row_filters_only(spark, tmp_path, where):
+    from dpspark.errors import ConfigError
+
+    path = str(tmp_path / "t.parquet")
+    spark.createDataFrame(points_frame(5)).coalesce(1).write.parquet(path)
+    with pytest.raises(ConfigError, match="input.where"):
+        tables.load_input(spark, where_cfg(path, "parquet", where))
+
+
+def test_where_on_a_dirty_csv_drops_rows_instead_of_failing(spark, tmp_path):
+    """CSV columns are strings; a comparison with a cell that is not a number is null (row dropped),
+    never a run-failing cast error that quotes the cell."""
+    path = tmp_path / "t.csv"
+    path.write_text("x,y,day\n10,20,1\nn/a,30,2\n40,50,2\n60,70,alice@example.com\n")
+    table = tables.load_input(spark, where_cfg(str(path), "csv", "day >= 2 AND x > 5"))
+    assert sorted(r.x for r in table.df.collect()) == [40.0]
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"  # the session's setting is back
+
+
+def test_a_delta_table_cannot_be_read_as_parquet(spark, tmp_path, write_delta):
+    from dpspark.errors import SchemaError
+
+    path = write_delta(points_frame(5))
+    with pytest.raises(SchemaError, match="is a Delta table"):
+        tables.load_input(spark, input_cfg(path, "parquet"))
