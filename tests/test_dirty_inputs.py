@@ -119,3 +119,12 @@ def test_a_delta_table_cannot_be_read_as_parquet(spark, tmp_path, write_delta):
     path = write_delta(points_frame(5))
     with pytest.raises(SchemaError, match="is a Delta table"):
         tables.load_input(spark, input_cfg(path, "parquet"))
+
+
+def test_a_person_id_of_minus_zero_is_the_same_person(spark):
+    """A double privacy-unit column: -0.0 and 0.0 are one person (one row kept), as are two NaN ids."""
+    pdf = pd.DataFrame({"pid": [0.0, -0.0, 0.0, float("nan"), float("nan"), 1.0],
+                        "x": [10.0, 20.0, 30.0, 40.0, 50.0, 60.0], "y": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]})
+    df = spark.createDataFrame(pdf)
+    unit, _ = tables.prepare_points(df, ("x", "y"), "pid", Domain(2, (0.0, 0.0), (100.0, 100.0)), "k" * 64)
+    assert unit.count() == 3

@@ -215,9 +215,12 @@ class LocalDP:
         accountant.finish()
         # Report counts per round are exact (NON-PRIVATE operational metadata): log and caller's dict only.
         log.info("ldp: %d candidates, %d kept, reports per round %s", info["candidates"], info["kept"], info["reports_per_round"])
+        # Exact report counts (per round, per hash in good_centers) and thresholds made from them:
+        # NON-PRIVATE operational metadata, never on the model.
         if operational is not None:
             operational["reports_per_round"] = info.get("reports_per_round")
-        public_info = {k: v for k, v in info.items() if k != "reports_per_round"}
+            operational["good_centers"] = info.get("good_centers")
+        public_info = {k: v for k, v in info.items() if k not in ("reports_per_round", "good_centers")}
         return ClusteringModel(
             algorithm=self.name, objective=self.objective, centers=self.domain.from_unit(centers_unit),
             noisy_weights=weights, epsilon_spent=accountant.spent_epsilon, delta_spent=accountant.spent_delta,

@@ -41,7 +41,7 @@ import numpy as np
 from dpspark import tables
 from dpspark.ldp import client
 from dpspark.ldp.protocol import Histogram
-from dpspark.privacy.bounding import bound_contributions
+from dpspark.privacy.bounding import bound_contributions, unit_key
 from dpspark.progress import log
 
 KEY = "__ldp_key"
@@ -82,7 +82,7 @@ def keyed_points(df, features, privacy_unit, domain, run_key):
     fcols = [f"__f{j}" for j in range(domain.dim)]
     unit_names = tables.unit_columns(domain.dim)
     if privacy_unit is not None:
-        key = F.coalesce(F.col(privacy_unit).cast("string"), F.lit("\u0000null"))
+        key = unit_key(df, privacy_unit)
         raw = df.select(key.alias(KEY), *[e.alias(c) for e, c in zip(exprs, fcols)])
         raw = bound_contributions(raw, KEY, [KEY, *fcols], run_key)
     else:

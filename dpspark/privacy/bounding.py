@@ -56,12 +56,24 @@ def row_keys(sub_key: str):
     return dp_bounding_keys
 
 
+def unit_key(df, privacy_unit: str):
+    """The person's identity as a string Column: nulls form one person, and -0.0 is 0.0 (a float id
+    cast to string would otherwise split one person into two)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    col = F.col(privacy_unit)
+    if isinstance(df.schema[privacy_unit].dataType, (T.FloatType, T.DoubleType)):
+        col = F.when(col == F.lit(0.0), F.lit(0.0).cast(df.schema[privacy_unit].dataType)).otherwise(col)
+    return F.coalesce(col.cast("string"), F.lit("\u0000null"))
+
+
 def bound_contributions(df, privacy_unit: str, feature_columns: list[str], run_key: str):
     """Keep one uniformly random row per value of ``privacy_unit`` (nulls form one person)."""
     from pyspark.sql import functions as F
 
     keys = F.pandas_udf(row_keys(derive_key(run_key, LABEL)), "string")
-    unit = F.coalesce(F.col(privacy_unit).cast("string"), F.lit("\u0000null"))
+    unit = unit_key(df, privacy_unit)
     content = F.sha2(F.to_json(F.struct(*[F.col(c) for c in feature_columns])), 256)  # no key: public function
     chosen = (
         df.withColumn("__dp_unit", unit)
