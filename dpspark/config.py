@@ -357,6 +357,7 @@ def validate(raw: dict) -> Config:
     domain_cfg = _validate_domain(Section("domain", raw["domain"], ("lower", "upper", "radius", "dim")), input_cfg)
 
     priv = Section("privacy", raw.get("privacy"), ("epsilon", "delta", "ledger", "budget"))
+    ledger = _deployment_ledger(priv.string("ledger"))
     epsilon = priv.number("epsilon", 1.0, low=0.0, low_open=True, high=math.inf)
     if math.isinf(epsilon):
         raise ConfigError("privacy.epsilon", "must be finite (a test-only noiseless mode exists in the library, not in configs)")
@@ -368,9 +369,9 @@ def validate(raw: dict) -> Config:
             epsilon=b.number("epsilon", required=True, low=0.0, low_open=True, high=1e9),
             delta=b.number("delta", 0.0, low=0.0, high=1.0),
         )
-        if not priv.has("ledger"):
+        if ledger is None:
             raise ConfigError("privacy.budget", "needs privacy.ledger (the Delta table that records what each input has spent)")
-    privacy_cfg = PrivacyConfig(epsilon=epsilon, delta=delta, ledger=priv.string("ledger"), budget=budget)
+    privacy_cfg = PrivacyConfig(epsilon=epsilon, delta=delta, ledger=ledger, budget=budget)
 
     algo_raw = raw["algorithm"]
     if not isinstance(algo_raw, Mapping):
@@ -406,6 +407,12 @@ def validate(raw: dict) -> Config:
     conf = sp.raw("conf", {})
     if not isinstance(conf, Mapping):
         raise ConfigError("spark.conf", f"must be a mapping of Spark settings, got {conf!r}")
+    conf = _flat(conf)  # `--set spark.conf.spark.x.y=v` nests on the dots: flatten back
+    for name in conf:
+        if any(str(name).startswith(p) or str(name).endswith(p) for p in _SPARK_CODE_KEYS):
+            raise ConfigError(f"spark.conf.{name}", "loads code into the driver or executors (which hold the private data "
+                                                   "and the ledger), so a job config may not set it; pass it to "
+                                                   "spark-submit in the deployment instead")
     spark_cfg = SparkConfig(
         master=sp.string("master"),
         app_name=sp.string("app_name", "dpspark"),
@@ -421,6 +428,43 @@ def _same_local_path(a: str, b: str) -> bool:
     from dpspark.tables import canonical_path
 
     return canonical_path(None, a) == canonical_path(None, b)
+
+
+# Settings that load code (JARs, agents, plugins, extensions) into the JVMs that hold the data.
+_SPARK_CODE_KEYS = ("spark.jars", "spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions",
+                    "spark.driver.extraClassPath", "spark.executor.extraClassPath", "spark.driver.extraLibraryPath",
+                    "spark.executor.extraLibraryPath", "spark.sql.extensions", "spark.plugins", "spark.submit.pyFiles",
+                    "spark.files", "spark.archives", "spark.sql.catalog.", "spark.pyspark.python",
+                    "spark.pyspark.driver.python", "spark.executorEnv.", "spark.yarn.dist.", "spark.kubernetes.",
+                    "spark.sql.ansi.enabled")
+
+LEDGER_ENV = "DPSPARK_LEDGER"
+
+
+def _deployment_ledger(configured: str | None) -> str | None:
+    """The ledger of the run. A deployment that sets $DPSPARK_LEDGER fixes it: a job config may name
+    the same ledger (any spelling) or none, never another one, and cannot switch it off."""
+    fixed = os.environ.get(LEDGER_ENV) or None
+    if fixed is None:
+        return configured
+    if configured is not None:
+        from dpspark.tables import canonical_path
+
+        if canonical_path(None, configured) != canonical_path(None, fixed):
+            raise ConfigError("privacy.ledger", f"{configured!r} is not the deployment's ledger (${LEDGER_ENV}={fixed!r}); "
+                                                "leave privacy.ledger unset")
+    return fixed
+
+
+def _flat(conf: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for key, value in conf.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flat(value, name + "."))
+        else:
+            out[name] = value
+    return out
 
 
 def _spark_value(v) -> str:

@@ -100,3 +100,21 @@ def test_model_and_outputs_hold_no_operational_metadata(spark, tmp_path, write_d
     assert "Timings" not in html
     run = spark.read.format("delta").load(c["output"]["path"] + "/runs").first()
     assert "spark_passes" in json.loads(run.non_private_operational)
+
+
+def test_the_deployment_ledger_cannot_be_switched_off_or_replaced(monkeypatch, tmp_path):
+    """$DPSPARK_LEDGER (set by the deployment) is the run's ledger: a config may name it (any
+    spelling) or nothing, never another ledger or null; and a config cannot load code into Spark."""
+    from dpspark.config import load_config
+    from dpspark.errors import ConfigError
+
+    cfg, _ = make_config(tmp_path, str(tmp_path / "t"))
+    monkeypatch.setenv("DPSPARK_LEDGER", str(tmp_path / "ledger"))
+    assert load_config(cfg, ["privacy.ledger=null"]).privacy.ledger == str(tmp_path / "ledger")
+    assert load_config(cfg, [f"privacy.ledger=file://{tmp_path}//ledger/"]).privacy.ledger == str(tmp_path / "ledger")
+    with pytest.raises(ConfigError, match="privacy.ledger"):
+        load_config(cfg, [f"privacy.ledger={tmp_path / 'mine'}"])
+    monkeypatch.delenv("DPSPARK_LEDGER")
+    for key in ("spark.jars", "spark.driver.extraJavaOptions", "spark.sql.extensions", "spark.executorEnv.X"):
+        with pytest.raises(ConfigError, match="loads code"):
+            load_config(cfg, [f"spark.conf.{key}=x"])
