@@ -1,24 +1,39 @@
-"""report.png: the figure a person looks at first after a run.
+"""report.png and report.html: what a person looks at first after a run.
 
-It draws ONLY released (public) values: the released centers and their noisy
-weights, the privacy charges, the ledger totals, and the run's public
-parameters. Drawing them is post-processing: no privacy cost. The one
-exception is ``info["diagnostics"]``: non-private diagnostics (a sample of the
-data, the true cost) that a user switched on explicitly; when present they are
-drawn and the figure says "NON-PRIVATE DIAGNOSTICS" in red.
+They show ONLY released (public) values: the released centers and their noisy
+weights, the privacy charges, the ledger totals, the run's public parameters and
+the public domain. Drawing them is post-processing: no privacy cost. The one
+exception is ``info["diagnostics"]`` (and the wall times in ``info["timings"]``,
+which the runner passes only together with them): non-private diagnostics that a
+user switched on explicitly; when present they are drawn and the figure says
+"NON-PRIVATE DIAGNOSTICS" in red.
 
-For d > 2 the centers are projected onto the first two principal components
-of the released CENTERS themselves (numpy SVD), never of the data, so the
-projection is post-processing of released values too.
+For d > 2 the centers are projected onto the first two principal components of
+the released CENTERS themselves (numpy SVD), never of the data, so the projection
+is post-processing of released values too.
 
-Uses ``matplotlib.figure.Figure`` with the Agg canvas directly: no pyplot, so
-no global figure state leaks between runs or tests.
+Read at a glance (nothing clipped or overprinted, for k up to 100, d up to 50, up
+to 12 charges and long names): the layout is computed in pixels with the Agg
+renderer before anything is drawn. The header's lines are wrapped to the figure's
+width and stacked; each panel gets its own region and its axes shrink until their
+tick labels, axis labels, title and colorbar fit inside it; long labels are wrapped
+or shortened with an ellipsis (the full text is in report.html and summary.json);
+center labels are placed where they overlap nothing and at most ``_MAX_LABELS`` are
+drawn; the run summary is a fixed-width text panel whose font shrinks (and, at the
+smallest size, whose lines are cut) until it fits. Centers that coincide (every
+coordinate within ``_VISUAL_TOLERANCE`` of the domain's width) are drawn as ONE
+marker labelled with their count ("x4"). When the centers span almost nothing, an
+axis shows the PUBLIC domain instead of a magnified speck.
 
-Public API: ``write_report(path, info)``; ``build_figure(info)`` returns the
-Figure (used by tests to inspect its texts); ``build_html(info, png)`` returns
-``report.html``: the same figure inlined, and the released values as tables
-(every center with its noisy weight, every charge, the ledger, parameters,
-timings) that a person can read, search and copy.
+Uses ``matplotlib.figure.Figure`` with the Agg canvas directly: no pyplot, so no
+global figure state leaks between runs or tests.
+
+Public API: ``write_report(path, info)``; ``build_figure(info)`` returns the Figure
+(used by tests to inspect its texts); ``build_html(info, png)`` returns
+``report.html``: the same figure inlined, and the released values as tables (every
+center with its noisy weight, every charge, the ledger, parameters, timings) that a
+person can read, search and copy. The page stands on its own (inline image and
+style, every value HTML-escaped).
 """
 
 from __future__ import annotations
@@ -28,21 +43,38 @@ import html
 import json
 import math
 import os
+import textwrap
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
+
+from dpspark.degenerate import coinciding_groups
 
 __all__ = ["write_report", "build_figure", "build_html"]
 
 NON_PRIVATE_LABEL = "NON-PRIVATE DIAGNOSTICS"
+DEGENERATE_LABEL = "DEGENERATE RESULT"
 
-# At most this many centers get a text label, and at most this many data-sample
-# rows are drawn (diagnostics only), so the figure stays readable and fast.
-_MAX_LABELS = 30
+_DPI = 90
+_FIGSIZE = (16.0, 10.0)  # inches: 1440 x 900 pixels at _DPI
+_PAD = 12.0  # pixels between the figure's edge and anything drawn
+_GAP = 10.0  # pixels between stacked blocks
+# At most this many center labels, at most this many data-sample rows (diagnostics
+# only), at most this many rows in panel (b).
+_MAX_LABELS = 25
 _MAX_SAMPLE = 5000
-_MAX_PARAMETERS = 14
+_MAX_CHARGE_ROWS = 12
+# Centers whose every coordinate differs by at most this fraction of the domain's
+# width are drawn as one marker with a count. An axis never shows less than
+# _ZOOM_MIN of the domain's width, so such centers are under 2 pixels apart.
+_VISUAL_TOLERANCE = 1e-4
+_ZOOM_MIN = 0.05
+_ELLIPSIS = "\u2026"
 
 
 def write_report(path, info: dict) -> None:
@@ -55,7 +87,7 @@ def write_report(path, info: dict) -> None:
     parent = os.path.dirname(os.fspath(path))
     if parent:
         os.makedirs(parent, exist_ok=True)
-    fig.savefig(path, format="png", dpi=90)
+    fig.savefig(path, format="png", dpi=_DPI)  # the dpi the layout was measured at
 
 
 def build_figure(info: dict) -> Figure:
@@ -65,9 +97,14 @@ def build_figure(info: dict) -> Figure:
     epsilon_configured, delta_configured, centers (k lists, original units),
     noisy_weights (k floats), feature_names, charges (dicts: step, epsilon,
     delta, rule), ledger (None or dict: spent_epsilon, spent_delta,
-    budget_epsilon, budget_delta), parameters (dict), timings (step -> s),
-    seed_note (None or str), diagnostics (None or dict, NON-PRIVATE: e.g.
-    true_cost, data_sample (m, d) in original units).
+    budget_epsilon, budget_delta, remaining_epsilon, ...), parameters (dict),
+    timings (step -> s; non-private, only with diagnostics), seed_note (None or
+    str), diagnostics (None or dict, NON-PRIVATE: e.g. true_cost, data_sample
+    (m, d) in original units), degenerate (None or the dict of
+    ``dpspark.degenerate.describe_collapse``: drawn as a red warning), domain
+    (optional, PUBLIC: {"lower": [...], "upper": [...]} or {"radius": R}; sets
+    the tolerance for coinciding centers and the axes when the centers span
+    almost nothing).
 
     Panels: (a) centers sized and colored by noisy weight; (b) epsilon per
     charged step; (c) text: privacy spent vs configured, ledger, parameters,
@@ -88,50 +125,27 @@ def build_figure(info: dict) -> Figure:
         names = [f"x{i}" for i in range(d)]
     diagnostics = info.get("diagnostics")
 
-    fig = Figure(figsize=(15, 8.5))
+    fig = Figure(figsize=_FIGSIZE, dpi=_DPI)
     FigureCanvasAgg(fig)  # attach the Agg canvas explicitly (no pyplot)
-    grid = fig.add_gridspec(2, 2, width_ratios=[1.15, 1.0], height_ratios=[1.0, 1.35],
-                            left=0.06, right=0.97, top=0.84, bottom=0.11, wspace=0.22, hspace=0.32)
-    ax_centers = fig.add_subplot(grid[:, 0])
-    ax_charges = fig.add_subplot(grid[0, 1])
-    ax_text = fig.add_subplot(grid[1, 1])
+    r = fig.canvas.get_renderer()
+    W = fig.bbox.width
+    # Created in this order: fig.axes[0] is panel (a); positions are set below, in pixels.
+    ax_centers = fig.add_axes((0.0, 0.0, 0.5, 0.5))
+    ax_charges = fig.add_axes((0.5, 0.5, 0.5, 0.5))
+    ax_text = fig.add_axes((0.5, 0.0, 0.5, 0.5))
 
-    # Title block.
-    title = (
-        f"dpspark run {info.get('run_id', '?')}: {info.get('algorithm', '?')}, "
-        f"{info.get('objective', '?')}, k = {info.get('k', centers.shape[0])}"
-    )
-    fig.text(0.06, 0.955, title, fontsize=15, fontweight="bold", ha="left", va="center")
-    fig.text(
-        0.06, 0.915,
-        f"privacy spent: \u03b5 = {_fmt(info.get('epsilon_spent'))} of {_fmt(info.get('epsilon_configured'))}, "
-        f"\u03b4 = {_fmt(info.get('delta_spent'))} of {_fmt(info.get('delta_configured'))}",
-        fontsize=11, ha="left", va="center",
-    )
-    seed_note = info.get("seed_note")
-    if seed_note:
-        text = str(seed_note)
-        if "not private" not in text.lower():
-            text += "\n(fixed seed: testing aid, NOT private)"
-        fig.text(
-            0.97, 0.955, text,
-            color="red", fontsize=12, fontweight="bold", ha="right", va="center",
-        )
-    if diagnostics is not None:
-        fig.text(
-            0.97, 0.9, NON_PRIVATE_LABEL + ": data drawn, do not publish",
-            color="white", fontsize=12, fontweight="bold", ha="right", va="center",
-            bbox=dict(facecolor="red", edgecolor="red", boxstyle="round,pad=0.3"),
-        )
-
-    _draw_centers(ax_centers, centers, weights, names, diagnostics)
-    _draw_charges(ax_charges, info.get("charges") or [])
-    _draw_text(ax_text, info, centers.shape[0], diagnostics)
+    body_top = _draw_header(fig, r, info, centers.shape[0], diagnostics) - _GAP
+    left = (_PAD, _PAD, 0.535 * W, body_top)
+    right_x0, right_x1 = 0.565 * W, W - _PAD
+    _draw_centers(fig, r, ax_centers, left, centers, weights, names, diagnostics, _domain(info.get("domain"), d))
+    charges_bottom = _draw_charges(fig, r, ax_charges, (right_x0, right_x1, body_top), info.get("charges") or [])
+    _draw_text(fig, r, ax_text, (right_x0, _PAD, right_x1, charges_bottom - 2 * _GAP), info, centers.shape[0],
+               diagnostics)
     return fig
 
 
 # --------------------------------------------------------------------------
-# Panels
+# Formatting and measuring helpers
 # --------------------------------------------------------------------------
 
 
@@ -150,102 +164,482 @@ def _fmt(value) -> str:
     return f"{v:.4g}"
 
 
-def _project(centers: np.ndarray, names: list[str]):
-    """2-D coordinates of the centers, axis labels, a note, and the projector.
+def _place(ax, x0, y0, x1, y1) -> None:
+    """Put ``ax`` at the pixel box (x0, y0, x1, y1) of its figure."""
+    W, H = ax.figure.bbox.width, ax.figure.bbox.height
+    ax.set_position((x0 / W, y0 / H, max(x1 - x0, 1.0) / W, max(y1 - y0, 1.0) / H))
 
-    d == 1: (x, 0); d == 2: the two features; d > 2: the first two principal
-    components of the released CENTERS (never the data).
+
+def _ellipsize(t, text: str, max_px: float, r, keep: str = "start") -> None:
+    """Set ``t``'s one-line text, shortened with an ellipsis until it is at most ``max_px`` wide."""
+    text = str(text).replace("\n", " ")
+    t.set_text(text)
+    if t.get_window_extent(r).width <= max_px:
+        return
+    lo, hi = 0, len(text)  # binary search on the number of characters kept
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        t.set_text(_cut(text, mid, keep))
+        if t.get_window_extent(r).width <= max_px:
+            lo = mid
+        else:
+            hi = mid - 1
+    t.set_text(_cut(text, lo, keep))
+
+
+def _cut(text: str, n: int, keep: str) -> str:
+    if n >= len(text):
+        return text
+    if keep == "end":
+        return _ELLIPSIS + text[len(text) - n:]
+    return text[:n].rstrip() + _ELLIPSIS
+
+
+def _wrap(t, text: str, max_px: float, r, max_lines: int | None = None) -> None:
+    """Set ``t``'s text wrapped at spaces (a long word is broken) so no line is wider than ``max_px``.
+
+    Each input line keeps its indentation (continuation lines get two more spaces). Beyond
+    ``max_lines`` lines the text is cut and the last kept line ends with an ellipsis.
+    """
+    paragraphs = str(text).split("\n")
+    t.set_text("\n".join(paragraphs))
+    extent = t.get_window_extent(r)
+    if extent.width <= max_px and (max_lines is None or len(paragraphs) <= max_lines):
+        return
+    longest = max(len(p) for p in paragraphs) or 1
+    width = max(4, int(longest * max_px / max(extent.width, 1.0)) + 1)
+    while True:
+        lines = []
+        for p in paragraphs:
+            indent = p[: len(p) - len(p.lstrip())]
+            lines += textwrap.wrap(p, width=width, subsequent_indent=indent + "  ", break_on_hyphens=False) or [""]
+        if max_lines is not None and len(lines) > max_lines:
+            lines = lines[:max_lines]
+            lines[-1] = _cut(lines[-1], max(len(lines[-1]) - 2, 1), "start")
+        t.set_text("\n".join(lines))
+        if t.get_window_extent(r).width <= max_px or width <= 4:
+            return
+        width -= max(1, width // 25)
+
+
+def _fit_block(t, lines: list[str], box_w: float, box_h: float, r, sizes=(8.5, 8.0, 7.5, 7.0, 6.5),
+               unwrapped_min: float = 7.5) -> None:
+    """Fit text lines into a box of ``box_w`` x ``box_h`` pixels.
+
+    First choice: the largest size down to ``unwrapped_min`` at which every line fits as it
+    is; else the largest size at which the lines, wrapped to the width, fit the height; at
+    the smallest size, lines are dropped from the end (a last line says where the rest is).
+    """
+    text = "\n".join(lines)
+    for size in sizes:
+        if size < unwrapped_min:
+            break
+        t.set_fontsize(size)
+        t.set_text(text)
+        e = t.get_window_extent(r)
+        if e.width <= box_w and e.height <= box_h:
+            return
+    for size in sizes:
+        t.set_fontsize(size)
+        _wrap(t, text, box_w, r)
+        if t.get_window_extent(r).height <= box_h:
+            return
+    keep = len(lines)
+    while keep > 1:
+        keep -= 1
+        _wrap(t, "\n".join(lines[:keep] + ["  ... (the rest: report.html)"]), box_w, r)
+        if t.get_window_extent(r).height <= box_h:
+            return
+
+
+def _overlaps(a, b, slack: float = 1.0) -> bool:
+    return a.x0 < b.x1 - slack and b.x0 < a.x1 - slack and a.y0 < b.y1 - slack and b.y0 < a.y1 - slack
+
+
+def _inside(a, box) -> bool:
+    return a.x0 >= box.x0 and a.x1 <= box.x1 and a.y0 >= box.y0 and a.y1 <= box.y1
+
+
+# --------------------------------------------------------------------------
+# Header
+# --------------------------------------------------------------------------
+
+
+def _draw_header(fig, r, info, k, diagnostics) -> float:
+    """Title, privacy spent and the warnings, stacked from the top; returns the bottom (pixels)."""
+    W, H = fig.bbox.width, fig.bbox.height
+    width = W - 2 * _PAD
+    y = H - _PAD
+
+    def line(text, max_lines, boxed=False, **kwargs):
+        nonlocal y
+        pad = 5.0 if boxed else 0.0  # room for the box drawn around the text
+        t = fig.text((_PAD + pad) / W, (y - pad) / H, "", ha="left", va="top", **kwargs)
+        _wrap(t, text, width - 2 * pad, r, max_lines=max_lines)
+        y -= t.get_window_extent(r).height + 2 * pad + 6.0
+        return t
+
+    run = f"dpspark run {info.get('run_id', '?')}:"
+    what = f"{info.get('algorithm', '?')}, {info.get('objective', '?')}, k = {info.get('k', k)}"
+    title = line(f"{run} {what}", 1, fontsize=15, fontweight="bold")
+    if title.get_text() != f"{run} {what}":  # too long for one line: the run id on its own line
+        y = H - _PAD  # start again at the top
+        title.remove()
+        line(f"{run}\n{what}", 3, fontsize=15, fontweight="bold")
+    line(f"privacy spent: \u03b5 = {_fmt(info.get('epsilon_spent'))} of {_fmt(info.get('epsilon_configured'))}, "
+         f"\u03b4 = {_fmt(info.get('delta_spent'))} of {_fmt(info.get('delta_configured'))}", 2, fontsize=11)
+    seed_note = info.get("seed_note")
+    if seed_note:
+        text = str(seed_note)
+        if "not private" not in text.lower():
+            text += " (fixed seed: testing aid, NOT private)"
+        line(text, 2, color="red", fontsize=12, fontweight="bold")
+    if diagnostics is not None:
+        line(NON_PRIVATE_LABEL + ": data drawn, do not publish", 1, boxed=True, color="white", fontsize=12,
+             fontweight="bold", bbox=dict(facecolor="red", edgecolor="red", boxstyle="round,pad=0.3"))
+    degenerate = info.get("degenerate")
+    if degenerate:
+        text = f"{DEGENERATE_LABEL}: {degenerate.get('message', '')}"
+        if degenerate.get("likely_cause"):
+            text += f"\nLikely cause: {degenerate['likely_cause']}"
+        line(text, 5, boxed=True, color="#a00000", fontsize=11, fontweight="bold",
+             bbox=dict(facecolor="#fff0f0", edgecolor="#c00000", boxstyle="round,pad=0.3"))
+    return y
+
+
+# --------------------------------------------------------------------------
+# Panel (a): the released centers
+# --------------------------------------------------------------------------
+
+
+def _domain(dom, d: int):
+    """The PUBLIC domain from ``info["domain"]``: (center, half widths) of a box, or (0, radius) of a ball."""
+    if not isinstance(dom, dict):
+        return None
+    try:
+        if dom.get("radius") is not None:
+            radius = float(dom["radius"])
+            if math.isfinite(2 * radius) and radius > 0:
+                return {"center": np.zeros(d), "half": None, "radius": radius, "widths": np.full(d, 2 * radius)}
+        elif dom.get("lower") is not None and dom.get("upper") is not None:
+            lo = np.asarray(dom["lower"], dtype=float).reshape(-1)
+            hi = np.asarray(dom["upper"], dtype=float).reshape(-1)
+            with np.errstate(over="ignore"):
+                ok = lo.shape == hi.shape == (d,) and np.all(np.isfinite(lo) & np.isfinite(hi) & (hi > lo)
+                                                              & np.isfinite(hi - lo))
+            if ok:  # (a box whose width overflows is left out: the centers' own scale is used)
+                return {"center": (lo + hi) / 2, "half": (hi - lo) / 2, "radius": None, "widths": hi - lo}
+    except (TypeError, ValueError):
+        pass
+    return None
+
+
+def _drawing_unit(centers: np.ndarray, domain) -> float:
+    """1.0, or a power of ten near the largest magnitude when that is beyond 1e100."""
+    values = [np.abs(centers[np.isfinite(centers)])]
+    if domain is not None:
+        values.append(np.abs(domain["center"]) + (domain["half"] if domain["half"] is not None else domain["radius"]))
+    top = max((float(v.max()) for v in values if v.size), default=0.0)
+    if not (math.isfinite(top) and top > 1e100):
+        return 1.0
+    return 10.0 ** math.floor(math.log10(top))
+
+
+def _project(centers: np.ndarray, names: list[str]):
+    """Affine projection of the centers to the plane: (mean, basis (d, m), x label, y label, note).
+
+    d == 1: x only (m = 1, drawn at y = 0); d == 2: the two features; d > 2: the first
+    two principal components of the released CENTERS (never the data).
     """
     k, d = centers.shape
     if d == 1:
-        return (lambda a: np.column_stack([a[:, 0], np.zeros(a.shape[0])])), names[0], "(1 feature: drawn at y = 0)", ""
+        return np.zeros(1), np.eye(1), names[0], "", "1 feature: drawn at y = 0"
     if d == 2:
-        return (lambda a: a[:, :2]), names[0], names[1], ""
-    mean = centers.mean(axis=0) if k else np.zeros(d)
+        return np.zeros(2), np.eye(2), names[0], names[1], ""
+    finite = centers[np.all(np.isfinite(centers), axis=1)]
+    mean = finite.mean(axis=0) if len(finite) else np.zeros(d)
     # full_matrices=True always gives d right singular vectors, even for k < 2.
-    _, s, vt = np.linalg.svd(centers - mean, full_matrices=True)
-    basis = vt[:2].T  # (d, 2)
+    _, s, vt = np.linalg.svd(finite - mean if len(finite) else np.zeros((1, d)), full_matrices=True)
     var = s**2
     share = var / var.sum() if var.sum() > 0 else np.zeros_like(var)
     shares = [share[i] if i < share.shape[0] else 0.0 for i in range(2)]
     note = f"d = {d}: projected onto the first 2 principal components of the released centers (not of the data)"
-    return (
-        (lambda a: (a - mean) @ basis),
-        f"PC1 of released centers ({100 * shares[0]:.0f}% of their variance)",
-        f"PC2 of released centers ({100 * shares[1]:.0f}% of their variance)",
-        note,
-    )
+    return (mean, vt[:2].T, f"PC1 of released centers ({100 * shares[0]:.0f}% of their variance)",
+            f"PC2 of released centers ({100 * shares[1]:.0f}% of their variance)", note)
 
 
-def _draw_centers(ax, centers, weights, names, diagnostics):
-    k = centers.shape[0]
+def _axis_limits(values, mean, b, domain):
+    """Limits of one axis (the centers' coordinates ``values`` along basis vector ``b``).
+
+    When the centers span less than _ZOOM_MIN of the domain's extent along this axis, the
+    axis shows the whole domain: a speck is not magnified into a spread. Returns
+    (lo, hi, shows_the_domain).
+    """
+    v = values[np.isfinite(values)]
+    c = float((domain["center"] - mean) @ b)
+    if domain["half"] is not None:  # a box: its extent along b
+        half = float(np.abs(b) @ domain["half"])
+    else:  # a ball of the given radius around 0
+        half = domain["radius"] * float(np.linalg.norm(b))
+    dlo, dhi = c - half, c + half
+    if v.size == 0:
+        return dlo - 0.05 * half, dhi + 0.05 * half, True
+    lo, hi = float(v.min()), float(v.max())
+    span = hi - lo
+    if span < _ZOOM_MIN * (dhi - dlo):
+        lo, hi = min(lo, dlo), max(hi, dhi)
+        pad = 0.05 * (hi - lo)
+        return lo - pad, hi + pad, True
+    return lo - 0.12 * span, hi + 0.12 * span, False
+
+
+def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, domain):
+    x0, y0, x1, y1 = region
+    k, d = centers.shape
     ax.set_title("(a) released centers, size and color = noisy weight", fontsize=12, loc="left")
     if k == 0:
+        _place(ax, x0 + 50, y0 + 40, x1 - 10, y1 - 30)
+        ax.set_xticks([])
+        ax.set_yticks([])
         ax.text(0.5, 0.5, "no centers released", ha="center", va="center", transform=ax.transAxes)
         return
-    project, xlabel, ylabel, note = _project(centers, names)
-    xy = project(centers)
+    # Extreme magnitudes (e.g. a public domain like [-1e300, 1e300]) are drawn in units of a power
+    # of ten, so no difference, square (projection) or axis limit overflows.
+    unit = _drawing_unit(centers, domain)
+    if unit != 1.0:
+        centers = centers / unit
+        if domain is not None:
+            domain = {"center": domain["center"] / unit, "widths": domain["widths"] / unit,
+                      "half": None if domain["half"] is None else domain["half"] / unit,
+                      "radius": None if domain["radius"] is None else domain["radius"] / unit}
+    mean, basis, xlabel, ylabel, note = _project(centers, names)
+    if unit != 1.0:
+        xlabel, ylabel = f"{xlabel} (unit {unit:g})", (f"{ylabel} (unit {unit:g})" if ylabel else ylabel)
+
+    # Coinciding centers: one marker with their count and summed weight. Without a public
+    # domain in ``info`` the centers' own scale stands in for it (tolerance and axes).
+    given_domain = domain is not None
+    if domain is None:
+        finite = centers[np.all(np.isfinite(centers), axis=1)]
+        if not len(finite):
+            finite = np.zeros((1, d))
+        with np.errstate(over="ignore"):  # ptp of +-1e308 overflows: capped below
+            widths = np.maximum(np.ptp(finite, axis=0), np.abs(finite).max(axis=0))
+        widths = np.where(widths > 0, np.minimum(widths, np.finfo(np.float64).max), 1.0)
+        domain = {"center": finite.mean(axis=0), "half": widths / 2, "radius": None, "widths": widths}
+    widths = domain["widths"]
+    groups = coinciding_groups(centers, widths, _VISUAL_TOLERANCE)
+    first = np.array([g[0] for g in groups])
+    counts = np.array([len(g) for g in groups])
+    gweights = np.array([float(weights[g].sum()) for g in groups])
+    with np.errstate(invalid="ignore"):  # a non-finite coordinate (never in a release) is not drawn
+        proj = (centers[first] - mean) @ basis
+    xy = np.column_stack([proj[:, 0], proj[:, 1] if proj.shape[1] > 1 else np.zeros(len(groups))])
 
     # NON-PRIVATE: only when diagnostics were switched on, drawn behind the centers.
     if diagnostics is not None and diagnostics.get("data_sample") is not None:
         sample = np.asarray(diagnostics["data_sample"], dtype=float)
         if sample.ndim == 1:
             sample = sample.reshape(-1, 1)
-        if sample.size and sample.shape[1] == centers.shape[1]:
+        if sample.size and sample.shape[1] == d:
             if sample.shape[0] > _MAX_SAMPLE:  # deterministic thinning
                 sample = sample[:: int(math.ceil(sample.shape[0] / _MAX_SAMPLE))]
-            sxy = project(sample)
-            ax.scatter(sxy[:, 0], sxy[:, 1], s=4, c="0.75", alpha=0.5, linewidths=0, zorder=1,
+            sp = (sample / unit - mean) @ basis
+            sy = sp[:, 1] if sp.shape[1] > 1 else np.zeros(len(sp))
+            ax.scatter(sp[:, 0], sy, s=4, c="0.75", alpha=0.5, linewidths=0, zorder=1,
                        label=f"data sample ({NON_PRIVATE_LABEL})")
 
-    mag = np.abs(weights)
-    top = float(mag.max()) if mag.size else 0.0
-    sizes = 60.0 + (500.0 * mag / top if top > 0 else 0.0)
-    lo, hi = float(weights.min()), float(weights.max())
+    mag = np.abs(gweights)
+    top = float(mag.max()) if mag.size and np.isfinite(mag.max()) else 0.0
+    # Marker area (points^2) grows with |weight|; smaller markers when there are many.
+    shrink = 1.0 / math.sqrt(max(1.0, len(groups) / 10.0))
+    sizes = 60.0 * max(shrink, 0.5) + (500.0 * shrink * np.nan_to_num(mag) / top if top > 0 else np.zeros(len(mag)))
+    finite_w = gweights[np.isfinite(gweights)]
+    lo, hi = (float(finite_w.min()), float(finite_w.max())) if finite_w.size else (0.0, 0.0)
     if hi <= lo:  # all equal (e.g. all zero): widen so the colormap is defined
         lo, hi = lo - 0.5, hi + 0.5
-    negative = weights < 0
+    negative = gweights < 0
+    order = np.argsort(-sizes, kind="stable")  # big markers first, small ones on top
     sc = ax.scatter(
-        xy[:, 0], xy[:, 1], s=sizes, c=weights, cmap="viridis", norm=Normalize(lo, hi),
-        edgecolors=np.where(negative, "red", "black").tolist(), linewidths=np.where(negative, 2.0, 0.8),
-        zorder=3, label="released center",
+        xy[order, 0], xy[order, 1], s=sizes[order], c=gweights[order], cmap="viridis", norm=Normalize(lo, hi),
+        edgecolors=np.where(negative[order], "red", "black").tolist(),
+        linewidths=np.where(negative[order], 2.0, 0.8), zorder=3, label="released center",
     )
-    cbar = ax.figure.colorbar(sc, ax=ax, fraction=0.04, pad=0.02)
-    cbar.set_label("noisy weight (released)")
 
-    # Label the heaviest centers with their index and signed noisy weight.
-    # With d == 1 all centers share y = 0, so the labels are staggered upwards.
-    stagger = centers.shape[1] == 1
-    for rank, j in enumerate(np.argsort(-mag, kind="stable")[:_MAX_LABELS]):
-        dy = 8 + 13 * (rank % 6) if stagger else 6
-        ax.annotate(
-            f"#{j}: {weights[j]:+.4g}", (xy[j, 0], xy[j, 1]), xytext=(6, dy), textcoords="offset points",
-            arrowprops=dict(arrowstyle="-", color="0.5", lw=0.5) if stagger else None,
-            fontsize=8, color="red" if negative[j] else "black", zorder=4,
-        )
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if centers.shape[1] == 1:
-        ax.set_yticks([])
+    # Axis limits (a speck is shown within the public domain, not magnified).
+    from_domain = []
+    xlo, xhi, fx = _axis_limits(proj[:, 0], mean, basis[:, 0], domain)
+    ax.set_xlim(xlo, xhi)
+    from_domain.append(fx)
+    if d == 1:
         ax.set_ylim(-1.0, 1.0)
+        ax.set_yticks([])
+    else:
+        ylo, yhi, fy = _axis_limits(proj[:, 1], mean, basis[:, 1], domain)
+        ax.set_ylim(ylo, yhi)
+        from_domain.append(fy)
     ax.grid(True, alpha=0.3)
-    ax.margins(0.12)
-    footer = []
-    if note:
-        footer.append(note)
-    if negative.any():
-        footer.append("red edge / label = negative noisy weight (size uses |weight|)")
-    if k > _MAX_LABELS:
-        footer.append(f"labels on the {_MAX_LABELS} heaviest of {k} centers")
-    if footer:  # below panel (a), in figure coordinates
-        ax.figure.text(0.06, 0.012, "\n".join(footer), fontsize=9, va="bottom", ha="left", style="italic")
     if diagnostics is not None:
         ax.legend(loc="upper right", fontsize=8)
 
+    # Footnotes under the panel (stacked from the bottom of the region).
+    footer = []
+    if note:
+        footer.append(note)
+    if any(from_domain):
+        where = "both axes" if all(from_domain) and len(from_domain) == 2 else "an axis"
+        footer.append(f"the centers span less than {100 * _ZOOM_MIN:.0f}% of the public domain along {where}: "
+                      "it shows the whole domain" if given_domain else
+                      f"the centers span almost nothing along {where} (no public domain given): it shows "
+                      "their own magnitude around them")
+    if (counts > 1).any():
+        footer.append(f"#j xN: N released centers at one point (every coordinate within {_VISUAL_TOLERANCE:g} of "
+                      "the domain's width), j the first; one marker, their summed weight")
+    if negative.any():
+        footer.append("red edge / label = negative noisy weight (size uses |weight|)")
+    foot = fig.text(x0 / fig.bbox.width, y0 / fig.bbox.height, "", fontsize=9, va="bottom", ha="left",
+                    style="italic")
+    label_note_index = len(footer)
+    footer.append("")  # filled in once the labels are placed (its length is reserved now)
+    reserve = (f"labels on {_MAX_LABELS} of {len(groups)} points (heaviest first, where they fit); "
+               "all values: report.html")
+    _wrap(foot, "\n".join(footer[:-1] + [reserve]), x1 - x0, r)
+    foot_h = foot.get_window_extent(r).height
 
-def _short(text: str, limit: int) -> str:
-    """Shorten a label for the figure, keeping its end (the full text is in summary.json)."""
-    return text if len(text) <= limit else "\u2026" + text[-(limit - 1):]
+    # Fit the axes and the colorbar into the region above the footnotes.
+    cax = fig.add_axes((0.9, 0.1, 0.01, 0.5))
+    cbar = fig.colorbar(sc, cax=cax)
+    cbar.set_label("noisy weight (released)")
+    if finite_w.size and float(finite_w.min()) == float(finite_w.max()):  # one value: one tick, no offset
+        cbar.set_ticks([float(finite_w[0])], labels=[_fmt(finite_w[0])])
+    area = (x0, y0 + foot_h + _GAP, x1, y1)
+    xl = ax.set_xlabel(xlabel)
+    yl = ax.set_ylabel(ylabel)
+    _ellipsize(xl, xlabel, 0.8 * (x1 - x0), r)
+    _ellipsize(yl, ylabel, 0.8 * (area[3] - area[1]), r)
+
+    def place(ix0, iy0, ix1, iy1):
+        _place(ax, ix0, iy0, ix1 - 16 - 12, iy1)
+        _place(cax, ix1 - 16, iy0, ix1, iy1)
+
+    inner = _fit_axes(r, [ax, cax], area, place)
+    # Axis labels no longer than the axes they name, then fit again.
+    _ellipsize(xl, xlabel, ax.bbox.width, r)
+    _ellipsize(yl, ylabel, ax.bbox.height, r)
+    _fit_axes(r, [ax, cax], area, place, start=inner)
+
+    # Labels: multi-center points first, then by |weight|; each goes where it overlaps nothing.
+    pix = ax.transData.transform(xy)
+    radius = np.sqrt(sizes / math.pi) * fig.dpi / 72.0
+    priority = sorted(range(len(groups)), key=lambda g: (counts[g] == 1, -np.nan_to_num(mag[g])))
+    texts = {}
+    for g in priority:
+        j = int(first[g])
+        texts[g] = f"#{j}: {gweights[g]:+.4g}" if counts[g] == 1 else f"#{j} x{counts[g]}: {gweights[g]:+.4g}"
+    obstacles = [lg.get_window_extent(r) for lg in [ax.get_legend()] if lg is not None]
+    labeled = _place_labels(ax, r, xy, pix, radius, priority, texts, negative, obstacles, one_d=d == 1)
+    if labeled < len(groups):
+        footer[label_note_index] = (f"labels on {labeled} of {len(groups)} points (heaviest first, where they "
+                                    "fit); all values: report.html")
+    else:
+        footer.pop(label_note_index)
+    _wrap(foot, "\n".join(footer), x1 - x0, r)
+
+
+def _fit_axes(r, axes, region, place, start=None):
+    """Shrink the inner box given to ``place`` until the tight bbox of ``axes`` (tick labels, axis
+    labels, titles, colorbar) lies inside ``region`` (pixels). Returns the inner box."""
+    x0, y0, x1, y1 = region
+    inner = list(start or region)
+    for _ in range(6):
+        place(*inner)
+        tight = Bbox.union([a.get_tightbbox(r) for a in axes])
+        if tight.x0 >= x0 and tight.x1 <= x1 and tight.y0 >= y0 and tight.y1 <= y1:
+            break
+        # Decorations stick out of the inner box by these margins: shrink the box by them.
+        margins = (inner[0] - tight.x0, inner[1] - tight.y0, tight.x1 - inner[2], tight.y1 - inner[3])
+        inner = [x0 + max(margins[0], 0) + 1, y0 + max(margins[1], 0) + 1,
+                 x1 - max(margins[2], 0) - 1, y1 - max(margins[3], 0) - 1]
+        inner[2] = max(inner[2], inner[0] + 60)
+        inner[3] = max(inner[3], inner[1] + 60)
+    return inner
+
+
+def _place_labels(ax, r, xy, pix, radius, priority, texts, negative, obstacles, one_d=False) -> int:
+    """Label the points in ``priority`` order; at most _MAX_LABELS. Returns how many were placed.
+
+    Each label goes to the first candidate spot inside the axes that overlaps no other label;
+    spots that overlap no other marker are tried first, then spots that cover no other
+    marker's centre. With one feature (all points on y = 0) the spots are rows above and
+    below the line, joined to their point by a thin leader line.
+    """
+    box = ax.bbox.padded(-2)
+    placed = list(obstacles)
+    markers = [Bbox.from_extents(x - rr, y - rr, x + rr, y + rr) for (x, y), rr in zip(pix, radius)]
+    count = 0
+    for g in priority:
+        if count >= _MAX_LABELS:
+            break
+        if not np.all(np.isfinite(pix[g])):
+            continue
+        rr = radius[g] + 3
+        if one_d:
+            spots = [(0, sign * (rr + 16 * level), "center", "bottom" if sign > 0 else "top")
+                     for level in range(8) for sign in (1, -1)]
+        else:
+            spots = [(rr, 0, "left", "center"), (-rr, 0, "right", "center"), (0, rr, "center", "bottom"),
+                     (0, -rr, "center", "top"), (rr * 0.7, rr * 0.7, "left", "bottom"),
+                     (-rr * 0.7, rr * 0.7, "right", "bottom"), (rr * 0.7, -rr * 0.7, "left", "top"),
+                     (-rr * 0.7, -rr * 0.7, "right", "top")]
+        style = dict(textcoords="offset pixels", fontsize=8, color="red" if negative[g] else "black", zorder=5,
+                     annotation_clip=False,
+                     bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.75))
+        t = ax.annotate(texts[g], xy=(xy[g, 0], xy[g, 1]), xytext=(0, 0), **style)
+        others = [m for i, m in enumerate(markers) if i != g]
+        centres = [p for i, p in enumerate(pix) if i != g]
+        chosen = None
+        for strict in (True, False):
+            for spot in spots:
+                dx, dy, ha, va = spot
+                t.set_position((dx, dy))
+                t.set_horizontalalignment(ha)
+                t.set_verticalalignment(va)
+                e = t.get_window_extent(r)
+                if not _inside(e, box) or any(_overlaps(e, p) for p in placed):
+                    continue
+                if one_d and abs(dy) > rr:  # the leader line's column must be free as well
+                    x, y = pix[g]
+                    leader = Bbox.from_extents(x - 1, min(y, e.y1), x + 1, max(y, e.y0))
+                    if any(_overlaps(leader, p, slack=0) for p in placed):
+                        continue
+                if strict and any(_overlaps(e, m) for m in others):
+                    continue
+                if not strict and any(e.padded(2).contains(px, py) for px, py in centres):
+                    continue
+                chosen = spot
+                break
+            if chosen is not None:
+                break
+        if chosen is None:
+            t.remove()
+            continue
+        if one_d and abs(chosen[1]) > rr:  # a leader line from a higher row down to the point
+            t.remove()
+            t = ax.annotate(texts[g], xy=(xy[g, 0], xy[g, 1]), xytext=chosen[:2], ha=chosen[2], va=chosen[3],
+                            arrowprops=dict(arrowstyle="-", color="0.55", lw=0.6, shrinkA=0, shrinkB=rr - 3),
+                            **style)
+        t.update_positions(r)
+        placed.append(Text.get_window_extent(t, r).padded(2))  # the text (not its leader) and its white box
+        if one_d and abs(chosen[1]) > rr:
+            x, y = pix[g]
+            placed.append(Bbox.from_extents(x - 1, min(y, placed[-1].y1), x + 1, max(y, placed[-1].y0)))
+        count += 1
+    return count
+
+
+# --------------------------------------------------------------------------
+# Panel (b): privacy spent per step
+# --------------------------------------------------------------------------
 
 
 def _group_charges(charges, limit=12):
@@ -265,85 +659,149 @@ def _group_charges(charges, limit=12):
             for g in groups.values()]
 
 
-def _draw_charges(ax, charges):
-    ax.set_title("(b) privacy spent per step (\u03b5; \u03b4 in labels)", fontsize=12, loc="left")
-    charges = _group_charges(charges)
-    if not charges:
-        ax.text(0.5, 0.5, "no charges recorded", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        return
-    steps = [_short(str(c.get("step", "?")), 24) for c in charges]
-    eps = np.array([float(c.get("epsilon") or 0.0) for c in charges])
-    y = np.arange(len(charges))
-    ax.barh(y, eps, color="tab:blue", alpha=0.8)
-    ax.set_yticks(y, labels=steps, fontsize=8 if len(charges) > 12 else 9)
-    ax.invert_yaxis()  # first step on top
-    ax.set_xlabel("epsilon")
-    top = float(eps.max()) if eps.size else 0.0
-    ax.set_xlim(0, top * 1.9 if top > 0 else 1.0)
-    for yi, c, e in zip(y, charges, eps):
-        rule = c.get("rule")
-        label = f"\u03b5={_fmt(e)}, \u03b4={_fmt(c.get('delta', 0.0))}" + (f" ({rule[:38] + chr(0x2026) if len(rule) > 39 else rule})" if rule else "")
-        ax.text(e, yi, "  " + label, va="center", ha="left", fontsize=8)
-    ax.grid(True, axis="x", alpha=0.3)
+def _charge_rows(charges):
+    """At most _MAX_CHARGE_ROWS rows: grouped charges, and the last row sums whatever is left."""
+    rows = _group_charges(charges, _MAX_CHARGE_ROWS)
+    if len(rows) > _MAX_CHARGE_ROWS:
+        rest = rows[_MAX_CHARGE_ROWS - 1:]
+        rows = rows[: _MAX_CHARGE_ROWS - 1] + [{
+            "step": f"{len(rest)} more steps (all in report.html)",
+            "epsilon": sum(float(c.get("epsilon") or 0.0) for c in rest),
+            "delta": sum(float(c.get("delta") or 0.0) for c in rest), "rule": ""}]
+    return rows
 
 
-def _draw_text(ax, info, k, diagnostics):
+def _draw_charges(fig, r, ax, span, charges) -> float:
+    """Panel (b) as rows: step label | bar of epsilon | 'eps, delta, rule'. Returns its bottom (pixels)."""
+    x0, x1, top = span
+    ax.set_title("(b) privacy spent per step (\u03b5 bar, \u03b5 and \u03b4 written)", fontsize=12, loc="left")
     ax.axis("off")
-    ax.set_title("(c) run summary", fontsize=12, loc="left")
-    lines = [
+    rows = _charge_rows(charges)
+    two_lines = 0 < len(rows) <= 6
+    probe = fig.text(0, 0, "Ag\nAg" if two_lines else "Ag", fontsize=8.5)
+    row_h = probe.get_window_extent(r).height + 6
+    probe.remove()
+    height = (max(len(rows), 1) + 1) * row_h
+    # The title sits above the axes: measure how far, so title and axes fit under ``top``.
+    _place(ax, x0, top - 40 - height, x1, top - 40)
+    title_h = ax.title.get_window_extent(r).y1 - ax.bbox.y1
+    _place(ax, x0, top - title_h - 2 - height, x1, top - title_h - 2)
+    w = x1 - x0
+    ax.set_xlim(0, w)
+    ax.set_ylim(-height, 0)  # data units are pixels, rows downwards from the top
+    if not rows:
+        ax.text(w / 2, -height / 2, "no charges recorded", ha="center", va="center", fontsize=10)
+        return ax.bbox.y0
+    label_w, bar_x, bar_w, value_x = 0.44 * w, 0.455 * w, 0.18 * w, 0.65 * w
+    value_w = w - value_x - 2
+    grey = "0.35"
+    for x, text in ((0, "step"), (bar_x, "\u03b5 (bar)"), (value_x, "\u03b5, \u03b4; rule")):
+        ax.text(x, -row_h / 2, text, ha="left", va="center", fontsize=8.5, color=grey, fontweight="bold")
+    eps = np.array([float(c.get("epsilon") or 0.0) for c in rows])
+    biggest = float(eps.max()) if eps.size and eps.max() > 0 else 1.0
+    for i, c in enumerate(rows):
+        yc = -(i + 1.5) * row_h
+        label = ax.text(0, yc, "", ha="left", va="center", fontsize=8.5)
+        if two_lines:
+            _wrap(label, str(c.get("step", "?")), label_w, r, max_lines=2)
+        else:
+            _ellipsize(label, str(c.get("step", "?")), label_w, r)
+        ax.add_patch(Rectangle((bar_x, yc - row_h * 0.3), max(bar_w * eps[i] / biggest, 0.0), row_h * 0.6,
+                               color="tab:blue", alpha=0.8))
+        value = f"\u03b5 = {_fmt(eps[i])}, \u03b4 = {_fmt(c.get('delta', 0.0))}"
+        rule = str(c.get("rule") or "")
+        if two_lines and rule:  # epsilon and delta above, the rule below in grey
+            v = ax.text(value_x, yc, "", ha="left", va="bottom", fontsize=8.5)
+            _ellipsize(v, value, value_w, r)
+            ax.text(value_x, yc, "", ha="left", va="top", fontsize=8, color=grey)
+            _ellipsize(ax.texts[-1], rule, value_w, r)
+        else:
+            v = ax.text(value_x, yc, "", ha="left", va="center", fontsize=8.5)
+            _ellipsize(v, value + (f"; {rule}" if rule else ""), value_w, r)
+    return ax.bbox.y0
+
+
+# --------------------------------------------------------------------------
+# Panel (c): the run summary (fixed-width text)
+# --------------------------------------------------------------------------
+
+
+def _summary_lines(info, k) -> tuple[list[str], list[str]]:
+    """(left column, right column) of panel (c): privacy, ledger, run | parameters, timings."""
+    left = [
         "Privacy (this run)",
-        f"  epsilon spent {_fmt(info.get('epsilon_spent')):>10} of configured {_fmt(info.get('epsilon_configured'))}",
-        f"  delta   spent {_fmt(info.get('delta_spent')):>10} of configured {_fmt(info.get('delta_configured'))}",
+        f"  epsilon spent {_fmt(info.get('epsilon_spent'))} of configured {_fmt(info.get('epsilon_configured'))}",
+        f"  delta   spent {_fmt(info.get('delta_spent'))} of configured {_fmt(info.get('delta_configured'))}",
         "",
         "Ledger (this input, all runs incl. this one)",
     ]
     ledger = info.get("ledger")
     if ledger is None:
-        lines.append("  no ledger configured")
+        left.append("  no ledger configured")
     else:
         for key, label in (("epsilon", "epsilon"), ("delta", "delta  ")):
             spent = ledger.get(f"spent_{key}")
             budget = ledger.get(f"budget_{key}")
             if budget is None:
-                lines.append(f"  {label} spent {_fmt(spent):>10}   (no budget cap)")
+                left.append(f"  {label} spent {_fmt(spent)} (no budget cap)")
             else:
-                remaining = None if spent is None else float(budget) - float(spent)
-                lines.append(
-                    f"  {label} spent {_fmt(spent):>10} of budget {_fmt(budget)}, remaining {_fmt(remaining)}"
-                )
-    lines += ["", f"Run: k = {info.get('k', k)}, objective = {info.get('objective', '?')}, "
-                  f"algorithm = {info.get('algorithm', '?')}"]
+                remaining = ledger.get(f"remaining_{key}")
+                if remaining is None and spent is not None:
+                    remaining = float(budget) - float(spent)
+                left.append(f"  {label} spent {_fmt(spent)} of budget {_fmt(budget)}, remaining {_fmt(remaining)}")
+    left += ["", "Run", f"  k = {info.get('k', k)}, objective = {info.get('objective', '?')}",
+             f"  algorithm = {info.get('algorithm', '?')}"]
+    degenerate = info.get("degenerate")
+    if degenerate:
+        left += ["", f"{DEGENERATE_LABEL} (see above)",
+                 f"  distinct centers {degenerate.get('distinct_centers', '?')} of k = {degenerate.get('k', '?')}",
+                 f"  top weight share {_fmt(degenerate.get('top_weight_share'))}"]
+    right = []
     params = info.get("parameters") or {}
     if params:
-        lines.append("Parameters")
-        for i, (key, value) in enumerate(params.items()):
-            if i >= _MAX_PARAMETERS:
-                lines.append(f"  ... {len(params) - _MAX_PARAMETERS} more")
-                break
+        right.append("Parameters")
+        for key, value in params.items():
             text = _fmt(value) if isinstance(value, (int, float, np.number)) else str(value)
-            if len(text) > 48:
-                text = text[:45] + "..."
-            lines.append(f"  {key} = {text}")
+            right.append(f"  {key} = {text}")
     timings = info.get("timings") or {}
     if timings:
         total = sum(float(v) for v in timings.values() if v is not None)
-        lines.append(f"Timings (total {total:.2f} s)")
-        items = [f"{step} {float(sec):.2f} s" for step, sec in timings.items() if sec is not None]
-        for i in range(0, len(items), 3):  # three per line
-            lines.append("  " + ", ".join(items[i : i + 3]))
-    ax.text(0.0, 1.0, "\n".join(lines), transform=ax.transAxes, va="top", ha="left",
-            family="monospace", fontsize=8.5, wrap=True)
+        right += ["", f"Timings, NON-PRIVATE (total {total:.2f} s)"]
+        right += [f"  {step} {float(sec):.2f} s" for step, sec in timings.items() if sec is not None]
+    return left, right
 
+
+def _draw_text(fig, r, ax, region, info, k, diagnostics):
+    x0, y0, x1, y1 = region
+    ax.axis("off")
+    ax.set_title("(c) run summary", fontsize=12, loc="left")
+    _place(ax, x0, y0, x1, y1 - 30)
+    title_h = ax.title.get_window_extent(r).y1 - ax.bbox.y1
+    _place(ax, x0, y0, x1, y1 - title_h - 2)
+    box_h = ax.bbox.height
+    left_w = 0.56 * (x1 - x0 - 16)
+    right_w = x1 - x0 - 16 - left_w
+    left_lines, right_lines = _summary_lines(info, k)
+    extra = []
     if diagnostics is not None:
         extra = [NON_PRIVATE_LABEL + " (not differentially private)"]
         for key, value in diagnostics.items():
             if key == "data_sample":
                 continue
             extra.append(f"  {key} = {_fmt(value) if isinstance(value, (int, float, np.number)) else value}")
-        ax.text(0.0, 0.0, "\n".join(extra), transform=ax.transAxes, va="bottom", ha="left",
-                family="monospace", fontsize=9, color="red", fontweight="bold")
+    # Left column: the summary, and the red diagnostics under it; right column: parameters, timings.
+    main = ax.text(0.0, 1.0, "", transform=ax.transAxes, va="top", ha="left", family="monospace")
+    if extra:
+        red = ax.text(0.0, 0.0, "", transform=ax.transAxes, va="bottom", ha="left", family="monospace",
+                      color="red", fontweight="bold")
+        _fit_block(red, extra, left_w, box_h * 0.45, r)
+        _fit_block(main, left_lines, left_w, box_h - red.get_window_extent(r).height - _GAP, r)
+    else:
+        _fit_block(main, left_lines, left_w, box_h, r)
+    if right_lines:
+        side = ax.text((left_w + 16) / (x1 - x0), 1.0, "", transform=ax.transAxes, va="top", ha="left",
+                       family="monospace")
+        _fit_block(side, right_lines, right_w, box_h, r)
 
 
 # --------------------------------------------------------------------------
@@ -361,7 +819,8 @@ def build_html(info: dict, png: bytes | None = None) -> str:
     """``report.html`` for one run: ``png`` (report.png's bytes) inlined, then tables of released values.
 
     Post-processing of the same ``info`` as :func:`build_figure`; every value is HTML-escaped.
-    Diagnostics (non-private) are shown only when present, under a red NON-PRIVATE banner.
+    Diagnostics (non-private) are shown only when present, under a red NON-PRIVATE banner;
+    a degenerate result (``info["degenerate"]``) is a red warning at the top.
     """
     centers = np.asarray(info.get("centers") or [], dtype=float)
     weights = [float(w) for w in (info.get("noisy_weights") or [])]
@@ -376,6 +835,14 @@ def build_html(info: dict, png: bytes | None = None) -> str:
              f"of {html.escape(_fmt(info.get('delta_configured')))}</p>"]
     if info.get("seed_note"):
         parts.append(f"<p class='warn'>{html.escape(str(info['seed_note']))}</p>")
+    degenerate = info.get("degenerate")
+    if degenerate:
+        parts.append(f"<div class='degenerate'><p class='warn'>{DEGENERATE_LABEL}: "
+                     f"{html.escape(str(degenerate.get('message', '')))}</p>"
+                     f"<p>Likely cause: {html.escape(str(degenerate.get('likely_cause', '')))}</p>"
+                     f"<p>distinct centers: {html.escape(_fmt(degenerate.get('distinct_centers')))} of "
+                     f"k = {html.escape(_fmt(degenerate.get('k')))}; share of the positive noisy weight on the "
+                     f"heaviest center: {html.escape(_fmt(degenerate.get('top_weight_share')))}</p></div>")
     diagnostics = info.get("diagnostics")
     if diagnostics is not None:
         parts.append(f"<p class='warn'>{NON_PRIVATE_LABEL}: computed from the data, do not publish</p>")
@@ -411,7 +878,9 @@ def build_html(info: dict, png: bytes | None = None) -> str:
                   _table(["key", "value"], [[k, _fmt(v) if isinstance(v, (int, float, np.number)) else v]
                                             for k, v in diagnostics.items() if k != "data_sample"])]
     style = ("body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;margin:0.5em 0 1.5em}"
-             " td,th{border:1px solid #bbb;padding:3px 8px;text-align:left;font-size:13px} img{max-width:100%}"
-             " .warn{color:#b00;font-weight:bold} .spent{font-size:18px}")
-    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             " td,th{border:1px solid #bbb;padding:3px 8px;text-align:left;font-size:13px;overflow-wrap:anywhere}"
+             " img{max-width:100%;height:auto} .warn{color:#b00;font-weight:bold} .spent{font-size:18px}"
+             " .degenerate{border:2px solid #c00;background:#fff0f0;padding:0 1em;margin:1em 0}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from dpspark.report import NON_PRIVATE_LABEL, _fmt, build_figure, build_html, write_report
 
@@ -220,3 +221,202 @@ def test_html_page_marks_diagnostics_and_omits_the_data_sample():
     assert page.count(NON_PRIVATE_LABEL) == 2 and "true_cost" in page and "data_sample" not in page
     assert all(step in page for step in TIMINGS)
     assert "no ledger configured" in build_html(make_info(ledger=False))
+
+
+# --------------------------------------------------------------------------
+# Read at a glance: nothing clipped, nothing overprinted (issue 16, item 3)
+# --------------------------------------------------------------------------
+
+LONG_STEPS = [
+    "maxcover: coverage loop (Lemma 4.1, 9 thresholds x 12 picks)",
+    "maxcover: candidate snap counts (geometric mechanism via snapping, scale 1/5)",
+    "dplloyd: iteration 1/12 noisy counts and coordinate sums (discrete Laplace, split 1/2)",
+]
+LONG_RULE = "basic composition; geometric mechanism via the snapping mechanism of Mironov, sensitivity 1"
+DEGENERATE = {"distinct_centers": 1, "k": 4, "top_weight_share": 0.997,
+              "message": "The released centers collapsed: only 1 distinct center among the 4 released for k = 4; "
+                         "99.7% of the positive noisy weight is on one center.",
+              "likely_cause": "too few users for the local model at this epsilon: the LDP paper's error grows like "
+                              "sqrt(n)/epsilon; about 24 times more users would help (rough estimate) <b>"}
+
+
+def hard_info(k, d, *, charges=12, identical=False, diagnostics=False, seed_note=None, domain=True, degenerate=None,
+              ledger=True):
+    """A run with long labels everywhere: long run id, feature names, step labels and rules, parameters."""
+    rng = np.random.default_rng(k * 100 + d)
+    centers = rng.uniform(0.0, 1000.0, size=(k, d))
+    weights = rng.normal(300.0, 150.0, size=k)
+    if identical:  # ldp-like: all centers at one point (jitter far below the domain's width), all weight on one
+        centers[:] = centers[0] + rng.normal(0.0, 1e-5, size=(k, d)) * (np.arange(k)[:, None] > 0)
+        weights = np.array([12493.0] + list(rng.normal(0.0, 30.0, size=k - 1)))
+    info = make_info(d=d, k=k, ledger=ledger, diagnostics=diagnostics, seed_note=seed_note)
+    info.update(
+        run_id="2024-06-01T12:00:00Z-a-very-long-run-identifier-of-the-nightly-pipeline-0123456789abcdef",
+        algorithm="maxcover", centers=centers.tolist(), noisy_weights=weights.tolist(),
+        feature_names=[f"customer_table_feature_with_a_really_long_descriptive_name_{i}" for i in range(d)],
+        charges=[{"step": LONG_STEPS[i % 3] + f" [{i}]", "epsilon": 0.02 * (i + 1), "delta": 1e-7 * (i % 2),
+                  "rule": LONG_RULE} for i in range(charges)],
+        parameters={"variant": "allocation_nk", "candidates": "grid", "a_long_parameter_value": "v" * 150,
+                    **{f"param_{i}": i / 7 for i in range(14)}},
+        domain={"lower": [0.0] * d, "upper": [1000.0] * d} if domain else None,
+        degenerate=degenerate,
+    )
+    if diagnostics:
+        info["diagnostics"]["data_sample"] = rng.uniform(0.0, 1000.0, size=(500, d))
+        info["diagnostics"]["label"] = "NON-PRIVATE diagnostics computed from the private data"
+    return info
+
+
+def drawn_text_extents(fig, monkeypatch):
+    """(text, window extent) of every non-empty text artist actually drawn by ``fig.canvas.draw()``.
+
+    Text.draw is wrapped for the duration of the draw, so tick labels outside the view, removed
+    labels and invisible texts (which are not drawn) are left out, and everything that is drawn
+    (titles, tick and axis labels, offset texts, annotations, legend entries) is in.
+    """
+    drawn = []
+    original, original_extent = Text.draw, Text.get_window_extent
+
+    def recording_draw(self, renderer):
+        original(self, renderer)
+        if self.get_visible() and self.get_text().strip():  # the text's own extent (an annotation's
+            drawn.append((self.get_text(), original_extent(self, renderer)))  # arrow is not text)
+
+    monkeypatch.setattr(Text, "draw", recording_draw)
+    fig.canvas.draw()
+    monkeypatch.setattr(Text, "draw", original)
+    return drawn
+
+
+def layout_problems(fig, drawn, slack=2.0):
+    """Texts outside the figure, and pairs of texts whose extents overlap by more than ``slack`` pixels."""
+    box = fig.bbox
+    problems = [f"outside the figure: {t!r} {e.extents}" for t, e in drawn
+                if e.x0 < box.x0 - 0.5 or e.y0 < box.y0 - 0.5 or e.x1 > box.x1 + 0.5 or e.y1 > box.y1 + 0.5]
+    for i in range(len(drawn)):
+        for j in range(i + 1, len(drawn)):
+            a, b = drawn[i][1], drawn[j][1]
+            if min(a.x1, b.x1) - max(a.x0, b.x0) > slack and min(a.y1, b.y1) - max(a.y0, b.y0) > slack:
+                problems.append(f"overlap: {drawn[i][0]!r} and {drawn[j][0]!r}")
+    return problems
+
+
+LAYOUT_CASES = {
+    "k3_d2": dict(k=3, d=2, charges=4),
+    "k100_d50_diagnostics_seed": dict(k=100, d=50, charges=12, diagnostics=True, seed_note=SEED_NOTE),
+    "k100_d2": dict(k=100, d=2, charges=12),
+    "k100_d1": dict(k=100, d=1, charges=7),
+    "k40_d10_40charges_grouped": dict(k=40, d=10, charges=40),
+    "ldp_identical_degenerate": dict(k=4, d=2, charges=3, identical=True, degenerate=DEGENERATE),
+    "ldp_identical_d6_no_domain": dict(k=4, d=6, charges=3, identical=True, domain=False, degenerate=DEGENERATE),
+    "everything_at_once": dict(k=100, d=50, charges=12, diagnostics=True, seed_note=SEED_NOTE,
+                               degenerate=DEGENERATE, ledger=False),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_nothing_clipped_or_overprinted(case, monkeypatch):
+    fig = build_figure(hard_info(**LAYOUT_CASES[case]))
+    drawn = drawn_text_extents(fig, monkeypatch)
+    assert len(drawn) > 20  # the checker saw the figure's texts (titles, ticks, rows, summary)
+    assert layout_problems(fig, drawn) == []
+    joined = "\n".join(t for t, _ in drawn)
+    # Shortened, not lost: the start of every step label and the run id are drawn.
+    assert "maxcover: coverage" in joined and "dpspark run 2024-06-01T12:00:00Z" in joined
+
+
+def test_layout_checker_catches_clipping_and_overlap(monkeypatch):
+    """The checker above can fail: a text placed past the right edge and two texts on top of each other."""
+    fig = build_figure(make_info())
+    fig.text(0.99, 0.5, "runs off the right edge of the figure")
+    fig.text(0.3, 0.3, "first overprinted label")
+    fig.text(0.3, 0.3, "second overprinted label")
+    problems = layout_problems(fig, drawn_text_extents(fig, monkeypatch))
+    assert any(p.startswith("outside the figure: 'runs off") for p in problems)
+    assert any("first overprinted label" in p and "second overprinted label" in p for p in problems)
+
+
+def test_old_failures_from_the_user_trial_are_gone(monkeypatch):
+    """Panel (b)'s step labels stay right of panel (a) (and its colorbar), the coverage-loop row and the
+    run summary stay inside the figure."""
+    fig = build_figure(hard_info(k=30, d=5, charges=12, diagnostics=True))
+    drawn = drawn_text_extents(fig, monkeypatch)
+    renderer = fig.canvas.get_renderer()
+    left_panel = Bbox.union([ax.get_tightbbox(renderer) for ax in (fig.axes[0], fig.axes[-1])])  # (a), colorbar
+    steps = [e for t, e in drawn if t.startswith(("maxcover:", "dplloyd:"))]
+    assert len(steps) == 12
+    assert all(e.x0 > left_panel.x1 for e in steps)
+    coverage = [e for t, e in drawn if t.startswith("\u03b5 = 0.02")]
+    assert coverage and coverage[0].x1 <= fig.bbox.x1
+    summary = [e for t, e in drawn if t.startswith("Privacy (this run)")]
+    assert summary and summary[0].y0 >= fig.bbox.y0
+
+
+def test_coinciding_centers_are_one_marker_with_a_count():
+    info = hard_info(k=4, d=2, charges=3, identical=True)
+    fig = build_figure(info)
+    assert drawn_points(fig) == 1  # one marker for the four centers
+    texts = figure_texts(fig)
+    label = [t for t in texts if " x4: " in t]
+    assert label == [f"#0 x4: {sum(info['noisy_weights']):+.4g}"]  # the first index, the count, the summed weight
+    assert not any(t.startswith(("#1", "#2", "#3")) for t in texts)
+    assert any("N released centers at one point" in t for t in texts)  # the footnote explains "xN"
+    # Centers 1% of the domain apart are distinct: four markers, four labels.
+    info["centers"] = [[500.0, 500.0], [510.0, 500.0], [500.0, 510.0], [510.0, 510.0]]
+    fig = build_figure(info)
+    assert drawn_points(fig) == 4 and not any(" x" in t for t in figure_texts(fig) if t.startswith("#"))
+
+
+def test_a_speck_of_centers_is_drawn_in_the_public_domain():
+    """ldp's identical centers (jitter 1e-5) are not magnified onto a 1e-5 axis: the axes show the domain."""
+    fig = build_figure(hard_info(k=4, d=2, charges=3, identical=True))
+    ax = fig.axes[0]
+    for lo, hi in (ax.get_xlim(), ax.get_ylim()):
+        assert lo <= 0.0 and hi >= 1000.0
+    assert any("shows the whole domain" in t for t in figure_texts(fig))
+    # Without a domain in info, the centers' own magnitude is the scale (still no 1e-5 axis).
+    info = hard_info(k=4, d=6, charges=3, identical=True, domain=False)
+    ax = build_figure(info).axes[0]
+    scale = np.abs(np.asarray(info["centers"])).max()
+    assert ax.get_xlim()[1] - ax.get_xlim()[0] > 0.05 * scale
+    # A healthy spread is zoomed on the centers, not on the domain.
+    info = hard_info(k=5, d=2, charges=3)
+    info["centers"] = [[400.0, 400.0], [450.0, 420.0], [420.0, 480.0], [470.0, 470.0], [430.0, 440.0]]
+    xlo, xhi = build_figure(info).axes[0].get_xlim()
+    assert 300.0 < xlo < 400.0 and 470.0 < xhi < 600.0
+
+
+def test_degenerate_warning_in_figure_and_html():
+    info = hard_info(k=4, d=2, charges=3, identical=True, degenerate=DEGENERATE)
+    fig = build_figure(info)
+    warning = [t for t in fig.findobj(Text) if t.get_text().startswith("DEGENERATE RESULT:")]
+    assert len(warning) == 1 and warning[0].get_color() == "#a00000"
+    flat = " ".join(warning[0].get_text().split())  # wrapped to the figure's width
+    assert "only 1 distinct center" in flat and "Likely cause: too few users" in flat
+    page = build_html(info, png=PNG_MAGIC + b"rest")
+    assert "DEGENERATE RESULT: The released centers collapsed" in page and "about 24 times more users" in page
+    assert "rough estimate) &lt;b&gt;" in page and "<b>" not in page  # escaped
+    assert "DEGENERATE" not in build_html(make_info())
+    assert not any("DEGENERATE" in t for t in figure_texts(build_figure(make_info())))
+
+
+def test_html_page_stands_on_its_own():
+    page = build_html(hard_info(k=4, d=2, diagnostics=True), png=PNG_MAGIC + b"rest")
+    assert page.startswith("<!DOCTYPE html>") and "<meta charset='utf-8'>" in page
+    assert "<style>" in page and "data:image/png;base64," in page
+    for external in ("http://", "https://", "<link", "<script", "src='/", "src=\"/", "url("):
+        assert external not in page
+
+
+@pytest.mark.parametrize("domain", [None, {"lower": [-1e308] * 3, "upper": [1e308] * 3}, {"radius": 1e308}])
+def test_extreme_public_domains_still_render(tmp_path, domain, monkeypatch):
+    """Centers near +-1e308 (a public domain that wide is allowed): drawn in units of a power of ten, no
+    overflow in the projection or the axis limits; the report must not fail a run that already spent budget."""
+    info = make_info(d=3, k=3)
+    info["centers"] = [[1e308, -1e308, 5.0], [-1e308, 1e308, 3.0], [0.0, 0.0, 1.0]]
+    info["domain"] = domain
+    fig = build_figure(info)
+    assert any("(unit 1e+308)" in t for t in figure_texts(fig))
+    assert layout_problems(fig, drawn_text_extents(fig, monkeypatch)) == []
+    write_report(tmp_path / "r.png", info)
+    assert_png(tmp_path / "r.png")
