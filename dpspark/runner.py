@@ -266,6 +266,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             )
         diagnostics = _diagnostics(spark, model, table.df) if config.diagnostics else None
         record.update(epsilon_spent=model.epsilon_spent, delta_spent=model.delta_spent, charges=_json(model.charges))
+        degenerate = _collapse(config, model)
         wrote_outputs = True  # from here a failure deletes what this attempt wrote
         with step("write centers table", timings):
             tables.write_centers(spark, paths["centers"], run_id, model.feature_names, model.centers,
@@ -285,13 +286,14 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             "input": {"path": table.path, "key": input_key, "format": config.input.format, "where": config.input.where},
             "ledger": _ledger_view(ledger_totals),
             "randomness": randomness.describe(),
+            "degenerate": degenerate,
             "outputs": _listed_outputs(paths, run_id, config.output.report),
         }
         if diagnostics is not None:
             summary["non_private_diagnostics"] = {k: v for k, v in diagnostics.items() if k != "data_sample"}
         if config.output.report:
             with step("write report.png", timings):
-                _write_report(spark, paths["report"], paths["report_html"], summary, timings, diagnostics)
+                _write_report(spark, paths["report"], paths["report_html"], summary, timings, diagnostics, config)
         if diagnostics is not None:
             summary["non_private_timings"] = _phase_timings(timings, config.algorithm.name)
         record.update(status="succeeded", ended_at=_now())
@@ -379,7 +381,29 @@ def _cleanup(spark, paths, run_id):
         log.error("cleanup after a failed run left something behind:\n%s", traceback.format_exc())
 
 
-def _write_report(spark, path, html_path, summary, timings, diagnostics):
+def _collapse(config, model):
+    """Post-processing of the RELEASED centers and weights: did they collapse? (logged and reported)."""
+    from dpspark.degenerate import describe_collapse
+
+    d = config.domain
+    width = [2.0 * d.radius] * d.dim if d.radius is not None else [hi - lo for lo, hi in zip(d.lower, d.upper)]
+    try:
+        found = describe_collapse(model.centers, model.noisy_weights, config.algorithm.k, width,
+                                  config.algorithm.name, config.privacy.epsilon)
+    except ValueError as exc:  # never fail a release over its description
+        log.warning("could not check the released centers for a collapse: %s", exc)
+        return None
+    if found is not None:
+        log.warning("degenerate result: %s Likely cause: %s", found["message"], found["likely_cause"])
+    return found
+
+
+def _public_domain(config) -> dict:
+    d = config.domain
+    return {"radius": d.radius} if d.radius is not None else {"lower": list(d.lower), "upper": list(d.upper)}
+
+
+def _write_report(spark, path, html_path, summary, timings, diagnostics, config=None):
     from dpspark.report import build_html, write_report
 
     info = {
@@ -392,7 +416,10 @@ def _write_report(spark, path, html_path, summary, timings, diagnostics):
         # Wall times grow with n: drawn only beside the other non-private diagnostics.
         "timings": _phase_timings(timings, summary["algorithm"]) if diagnostics is not None else {},
         "seed_note": summary["privacy_note"], "diagnostics": diagnostics,
+        "degenerate": summary.get("degenerate"),
     }
+    if config is not None:
+        info["domain"] = _public_domain(config)
     with tempfile.TemporaryDirectory() as tmp:
         local = os.path.join(tmp, "report.png")
         write_report(local, info)
