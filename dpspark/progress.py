@@ -9,10 +9,27 @@ import time
 log = logging.getLogger("dpspark")
 
 
-def configure_logging(level: int = logging.INFO) -> None:
-    if not log.handlers:
-        handler = logging.StreamHandler()
+def configure_logging(level: int = logging.INFO, stream=None) -> None:
+    """Show dpspark's log lines ("[dpspark] 12:00:01 maxcover: fit done in 3.20s") on ``stream``.
+
+    The command line and ``dpspark.session.get_session()`` call it. From Python with a session of
+    your own, call it once to see the step lines (the ``dpspark`` logger has no handler until then,
+    so only warnings reach stderr):
+
+        from dpspark.progress import configure_logging
+        configure_logging()                  # INFO lines on stderr; configure_logging(logging.WARNING) for fewer
+
+    ``stream``: where the lines go (default ``sys.stderr``). Calling it again changes the level and,
+    when given, the stream of dpspark's handler; a handler you added to the ``dpspark`` logger
+    yourself is left alone (and then no second one is added).
+    """
+    ours = [h for h in log.handlers if getattr(h, "_dpspark", False)]
+    if ours and stream is not None:
+        ours[0].setStream(stream)
+    elif not log.handlers:
+        handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter("[dpspark] %(asctime)s %(message)s", "%H:%M:%S"))
+        handler._dpspark = True
         log.addHandler(handler)
     log.setLevel(level)
     log.propagate = False

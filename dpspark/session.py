@@ -7,12 +7,19 @@
   ``spark.master`` from the config, or ``$DPSPARK_MASTER``) and asks Spark to load
   the Delta JARs from Maven Central through Ivy, cached in ``$DPSPARK_IVY_DIR``
   (default: ``.cache/ivy`` in the project root, filled by ``scripts/setup.sh``).
+  When they are not cached yet, a separate ``spark-submit`` fetches them first with its output
+  captured: Ivy's resolution report is shown only when the fetch fails.
+
+``get_session()`` is the same builder for Python users (notebooks, scripts): see its docstring.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 # delta-spark 4.4.0 pins pyspark <= 4.2.0; the JAR is built per Spark minor version.
@@ -71,6 +78,9 @@ def build_session(master: str | None = None, app_name: str = "dpspark", conf: di
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.master(master or os.environ.get("DPSPARK_MASTER") or "local[*]")
         jars = cached_delta_jars()
+        if not jars:  # first start on this machine: fetch them once, quietly
+            fetch_packages(DELTA_PACKAGE, ivy_dir())
+            jars = cached_delta_jars()
         if jars:  # fetched before (scripts/setup.sh): no resolution, no network at start-up
             builder = builder.config("spark.jars", ",".join(jars))
         else:
@@ -84,3 +94,74 @@ def build_session(master: str | None = None, app_name: str = "dpspark", conf: di
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("DPSPARK_SPARK_LOG_LEVEL", "WARN"))
     return spark
+
+
+def fetch_packages(packages: str, ivy: str, timeout: float = 1800.0) -> None:
+    """Resolve Maven ``packages`` into the Ivy directory ``ivy`` with Spark's own launcher, quietly.
+
+    ``spark.jars.packages`` makes the launcher print Ivy's resolution report (a screenful of
+    "found ... in central" lines) on every first start; there is no Spark setting to silence it. So
+    the resolution runs here in a ``spark-submit`` of an empty Python file whose output is captured,
+    and is shown only when the resolution fails (``DPSparkError`` with the launcher's output). The
+    session then loads the fetched JARs with ``spark.jars``.
+    """
+    from pyspark.find_spark_home import _find_spark_home
+
+    from dpspark.errors import DPSparkError
+
+    spark_home = _find_spark_home()
+    submit = os.path.join(spark_home, "bin", "spark-submit")
+    log = logging.getLogger("dpspark")
+    log.info("fetching %s into %s (once; Ivy's report is shown only if it fails)", packages, ivy)
+    env = dict(os.environ, SPARK_HOME=spark_home, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    with tempfile.TemporaryDirectory(prefix="dpspark-fetch-") as tmp:
+        noop = os.path.join(tmp, "noop.py")
+        with open(noop, "w", encoding="utf-8") as handle:
+            handle.write("# dpspark: only the launcher's package resolution is wanted\n")
+        command = [submit, "--master", "local[1]", "--packages", packages, "--conf", f"spark.jars.ivy={ivy}",
+                   "--conf", "spark.ui.enabled=false", noop]
+        try:
+            done = subprocess.run(command, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, timeout=timeout)
+            output, code = done.stdout.decode("utf-8", "replace"), done.returncode
+        except subprocess.TimeoutExpired as exc:
+            output = (exc.stdout or b"").decode("utf-8", "replace")
+            code = f"timeout after {timeout:g}s"
+        except OSError as exc:
+            output, code = str(exc), "not started"
+    if code != 0:
+        raise DPSparkError(f"could not fetch {packages} into {ivy} (spark-submit exit {code}); its output:\n{output}")
+
+
+def get_session(app_name: str = "dpspark", master: str | None = None, conf: dict | None = None,
+                log_level: int = logging.INFO):
+    """A SparkSession ready for dpspark, from Python (a notebook, a script): the builder ``dpspark run`` uses.
+
+        from dpspark.session import get_session
+        spark = get_session()                       # local[*], Delta Lake configured
+
+    - Delta Lake configured; its JARs fetched once into ``$DPSPARK_IVY_DIR`` (Ivy's report shown
+      only if the fetch fails);
+    - outside ``spark-submit``: ``master`` (default ``$DPSPARK_MASTER`` or ``local[*]``), the
+      executors' Python is this interpreter unless ``PYSPARK_PYTHON`` is set, and sensible settings
+      for one machine (8 shuffle partitions instead of 200, ...); ``conf`` overrides them;
+    - dpspark's log lines (one per step and per Spark pass) go to stderr at ``log_level``
+      (``dpspark.progress.configure_logging``).
+
+    A session that is already running (the ``pyspark`` shell, ``spark-submit``, an earlier call) is
+    returned as it is, with only ``conf`` applied to it: dpspark's defaults never override a
+    session's own settings. The estimators do not depend on its shuffle partitions anyway
+    (``DPClustering.fit`` runs with its own and puts the session's back).
+    """
+    from pyspark.sql import SparkSession
+
+    from dpspark.progress import configure_logging
+
+    configure_logging(log_level)
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        for key, value in dict(conf or {}).items():
+            active.conf.set(key, value)
+        return active
+    return build_session(master=master, app_name=app_name, conf=dict(conf or {}))
