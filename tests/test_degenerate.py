@@ -98,21 +98,21 @@ def test_equal_means_within_a_tiny_fraction_of_the_domain_width():
     width = 200.0
     base = np.array([[10.0, -3.0], [10.0, -3.0], [60.0, 40.0]])
     weights = [100.0, 90.0, 95.0]
-    # 0.5e-9 of the width apart: equal (rounding of the same released point).
+    # Half the tolerance (0.5e-4 of the width) apart: equal.
     close = base.copy()
     close[1] += 0.5 * EQUAL_TOLERANCE * width
     out = describe_collapse(close, weights, 3, width, "maxcover", 1.0)
     assert out["distinct_centers"] == 2
-    # 1e-6 of the width apart: two centers, a healthy release.
+    # 1e-3 of the width apart: two centers, a healthy release.
     apart = base.copy()
-    apart[1] += 1e-6 * width
+    apart[1] += 1e-3 * width
     assert describe_collapse(apart, weights, 3, width, "maxcover", 1.0) is None
     # One width per coordinate (a box): the tolerance is per coordinate.
     per = base.copy()
-    per[1, 1] += 1e-7  # tiny against coordinate 1's width 1000, large against coordinate 0's width 1e-3
+    per[1, 1] += 1e-3  # tiny against coordinate 1's width 1000, large against coordinate 0's width 1e-3
     assert describe_collapse(per, weights, 3, [1e-3, 1000.0], "maxcover", 1.0)["distinct_centers"] == 2
     per = base.copy()
-    per[1, 0] += 1e-7
+    per[1, 0] += 1e-3
     assert describe_collapse(per, weights, 3, [1e-3, 1000.0], "maxcover", 1.0) is None
 
 
