@@ -56,7 +56,7 @@ class MaxCover:
     name = "maxcover"
 
     def __init__(self, k: int, epsilon: float, delta: float, domain: Domain, features=("x", "y"),
-                 objective: str = "kmedian", candidates: str = "private", candidate_table: str | None = None,
+                 objective: str = "kmeans", candidates: str = "private", candidate_table: str | None = None,
                  candidate_count: int = 1000, candidate_scales: int = 5, coverage_approx: float = 0.5,
                  eps_candidates: float | None = None, eps_coverage: float | None = None, eps_counts: float | None = None,
                  delta_candidates: float = 0.5, n_upper: int | None = None, solver: str | None = None,
