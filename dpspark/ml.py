@@ -458,7 +458,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                 if config.privacy.ledger is not None:
                     _check_reads_only(dataset, config.input.path)
                     ledger_path = tables.qualify(config.privacy.ledger)
-                    tables.check_output_location(spark, ledger_path)
+                    tables.check_output_location(spark, ledger_path, "ledgerPath")
                     ledger = Ledger(spark, ledger_path)
                     input_key = tables.ledger_key_of(spark, config.input.path)
             ledger_totals = None

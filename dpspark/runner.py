@@ -161,7 +161,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         ledger = None
         if config.privacy.ledger:
             ledger_path = tables.qualify(config.privacy.ledger)
-            tables.check_output_location(spark, ledger_path)
+            tables.check_output_location(spark, ledger_path, "privacy.ledger")
             ledger = Ledger(spark, ledger_path)
         earlier = tables.read_attempts(spark, paths["runs"], run_id)
 

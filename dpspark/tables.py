@@ -476,7 +476,7 @@ def read_attempts(spark, path: str, run_id: str) -> list[dict]:
     return rows
 
 
-def check_output_location(spark, path: str) -> None:
+def check_output_location(spark, path: str, key: str = "output.path") -> None:
     """Before any charge: the output location must be a directory or creatable (not a file)."""
     local = local_path(path)
     if local is not None:
@@ -487,14 +487,14 @@ def check_output_location(spark, path: str) -> None:
                 break
             probe = parent
         if os.path.exists(local) and not os.path.isdir(local):
-            raise SchemaError(f"output.path={path!r} is a file, not a directory")
+            raise SchemaError(f"{key}={path!r} is a file, not a directory")
         if not os.path.isdir(probe):
-            raise SchemaError(f"output.path={path!r} cannot be created: {probe!r} is a file")
+            raise SchemaError(f"{key}={path!r} cannot be created: {probe!r} is a file")
         if not os.access(probe, os.W_OK):
-            raise SchemaError(f"output.path={path!r} is not writable ({probe!r} is read-only)")
+            raise SchemaError(f"{key}={path!r} is not writable ({probe!r} is read-only)")
         return
     jvm = spark.sparkContext._jvm
     hpath = jvm.org.apache.hadoop.fs.Path(path)
     fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     if fs.exists(hpath) and not fs.getFileStatus(hpath).isDirectory():
-        raise SchemaError(f"output.path={path!r} is a file, not a directory")
+        raise SchemaError(f"{key}={path!r} is a file, not a directory")
