@@ -136,7 +136,9 @@ def test_failed_run_stays_charged_and_leaves_no_result(spark, tmp_path, write_de
     assert not os.path.exists(os.path.join(out, "report.png")) and not os.path.exists(os.path.join(out, "report.html"))
     assert spark.read.format("delta").load(out + "/centers").where("run_id = 'doomed'").count() == 0
     run = spark.read.format("delta").load(out + "/runs").first()
-    assert run.status == "failed" and "disk full" in run.error and run.epsilon_spent == pytest.approx(1.0)
+    assert run.status == "failed" and run.epsilon_spent == pytest.approx(1.0)
+    # Once the fit has started, a non-dpspark error may quote a private value: runs/ keeps its type only.
+    assert run.error.startswith("RuntimeError") and "disk full" not in run.error
     assert run.attempt == 1 and run.charged and run.fit_started
     ledger = Ledger(spark, ledger_path)
     assert ledger.totals(key).spent_epsilon == pytest.approx(1.0)
