@@ -219,18 +219,24 @@ class Driver:
             self.state["candidates"] = cand
             self.state["created"] = created
         elif round_no == 2:
+            # The PUBLISHED round-2 centers are the candidates the reports answered about (in ingest
+            # mode round 1 may have gained late reports since; they must not change the candidates).
+            self.state["candidates"] = np.asarray(params.centers, dtype=np.float64)
             w, n = weights(params, hist)
             self.state["weights_2"] = w
             self.state["kept"] = prune(params, w, n, self.settings, self.k)
         elif round_no == 3:
             w, n = weights(params, hist)
             self.state["weights_3"] = w
+            self.state["final_candidates"] = np.asarray(params.centers, dtype=np.float64)
         else:
             raise ValueError(f"round {round_no} does not exist (1, 2, 3)")
 
     def result(self, solver_rng: np.random.Generator):
         """(centers (k, d) in unit space, weights scaled to all reporting users, info)."""
-        cand = self.state["candidates"][self.state["kept"]]
+        cand = self.state.get("final_candidates")
+        if cand is None:
+            cand = self.state["candidates"][self.state["kept"]]
         w3 = self.state["weights_3"]
         centers, assigned = finish(cand, w3, self.objective, self.k, solver_rng)
         if self.clip_unit is not None:
