@@ -13,8 +13,10 @@ the workers' own directories, so they only work if the driver resolves the paths
 
 Checked: each family releases exactly the local-mode centers for the same config and seed, with
 tasks run on both workers; a worker (and its executor) killed while it runs tasks of a job does
-not change the released centers, and the ledger holds exactly one charge for the run; a bad
-config exits 2 through spark-submit and leaves nothing behind.
+not change the released centers, and the ledger holds exactly one charge for the run (its budget set
+by the ledger's administrator first, as ``dpspark ledger set-budget`` does); a bad config exits 2
+through spark-submit and leaves nothing behind. The configs fix ``seed: 7`` (with
+``unsafe_fixed_seed: true``): reproducible, hence NOT PRIVATE runs, which is what the comparison needs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from dpspark import tables
 from dpspark.cli import main
 from dpspark.privacy.ledger import Ledger
 
@@ -117,6 +120,60 @@ def test_executor_modules_import_without_the_driver_only_packages():
     assert proc.returncode != 0 and "driver-only package imported on an executor: scipy" in proc.stderr
 
 
+EXECUTOR_BLOCK = (
+    "import sys\n"
+    "class Block:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] in ('scipy', 'sklearn', 'opendp', 'matplotlib', 'yaml', 'threadpoolctl'):\n"
+    "            raise ImportError('driver-only package imported on an executor: ' + name)\n"
+    "sys.meta_path.insert(0, Block())\n"
+)
+
+
+def test_shipped_functions_load_and_run_where_only_numpy_and_pandas_are():
+    """What Spark really ships to the executors for ldp's simulated clients (the mapInPandas function)
+    and for contribution bounding (the keyed-hash pandas UDF), cloudpickled on the driver. Unpickled
+    and run in a Python that cannot import the driver-only packages (pyspark is allowed: Spark ships
+    it to its workers), each must work: a function that refers to a global of a module importing
+    scipy or scikit-learn makes the executor import that module, and the job fails there (the
+    cluster tests find it after minutes; this finds it in seconds). Shown to catch that: the same
+    check on a function that refers to ``dpspark.ldp.protocol``."""
+    from pyspark import cloudpickle
+
+    from dpspark.ldp import protocol
+    from dpspark.ldp import spark as ldp_spark
+    from dpspark.privacy import bounding
+
+    def load_and_run(fn, call: str):
+        code = EXECUTOR_BLOCK + (
+            "import pickle, numpy as np, pandas as pd\n"
+            "fn = pickle.loads(sys.stdin.buffer.read())\n"
+            "rng = np.random.default_rng(0)\n"
+            f"print('result', {call})\n"
+        )
+        return subprocess.run([sys.executable, "-c", code], input=cloudpickle.dumps(fn), capture_output=True, cwd="/",
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    params = protocol.assign_round(np.array([[-0.5, -0.5], [0.5, 0.5]]), 1.0, 2)
+    clients = ldp_spark.client_runner(params, "ab" * 32, (0.5, 0.25, 0.25), 2, ["_u0", "_u1"])
+    batch = (f"pd.DataFrame({{{ldp_spark.KEY!r}: [str(i) for i in range(400)], "
+             "'_u0': rng.uniform(-1, 1, 400), '_u1': rng.uniform(-1, 1, 400)})")
+    proc = load_and_run(clients, f"sum(len(o) for o in fn(iter([{batch}])))")
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    reports = int(proc.stdout.decode().split()[-1])
+    assert 50 <= reports <= 150  # round 2 of fractions (0.5, 0.25, 0.25): about 100 of the 400 clients
+
+    proc = load_and_run(bounding.row_keys("cd" * 32), "len(set(fn(pd.Series(['1', '2', '1']), pd.Series(['h'] * 3))))")
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stdout.decode().split()[-1] == "2"  # one key per (person, content)
+
+    def leaky(batches):  # a broken variant: its global is a module that imports scikit-learn
+        return protocol.assign_round
+
+    proc = load_and_run(leaky, "fn")
+    assert proc.returncode != 0 and b"driver-only package imported on an executor: sklearn" in proc.stderr
+
+
 # ----------------------------------------------------------------------------
 # The cluster, the package, the data
 
@@ -173,6 +230,7 @@ def write_config(base: Path, name: str, family: str, input_path: str, ledger: st
         "algorithm": algorithm,
         "output": {"path": rel(base / name / "out")},
         "seed": 7,
+        "unsafe_fixed_seed": True,  # the same noise as the local run: NOT PRIVATE, a test
         "spark": {"conf": {"spark.ui.enabled": False, **spark_conf}},
     }
     path = base / name / "config.yaml"
@@ -285,6 +343,8 @@ def test_losing_a_worker_mid_job_changes_nothing_and_charges_once(spark, cluster
                                                                   tmp_path):
     base, path = points
     ledger_path = base / "ledger-worker-loss"
+    input_key = tables.ledger_key_of(spark, path)
+    Ledger(spark, str(ledger_path)).set_budget(input_key, 10.0, 1e-5)  # the administrator's cap, before any run
     ui_port = cluster_script.free_port()
     cfg = write_config(base, "cluster-worker-loss", "maxcover", path, ledger=str(ledger_path),
                        **{"spark.ui.enabled": True, "spark.ui.port": ui_port})
@@ -321,11 +381,13 @@ def test_losing_a_worker_mid_job_changes_nothing_and_charges_once(spark, cluster
     centers, summary = released(spark, cfg)
     assert np.array_equal(centers, local_release["maxcover"][0])
     ledger = Ledger(spark, str(ledger_path))
-    events = [(e["run_id"], e["status"], e["epsilon"], e["delta"]) for e in ledger.runs()]
-    assert events == [("worker-loss", "charged", 1.0, 1e-6), ("worker-loss", "succeeded", 0.0, 0.0)]
-    totals = ledger.totals(ledger.runs()[0]["input_path"])
+    events = [(e["run_id"], e["attempt"], e["status"], e["epsilon"], e["delta"]) for e in ledger.runs()]
+    assert events == [("worker-loss", 1, "started", 0.0, 0.0), ("worker-loss", 1, "charged", 1.0, 1e-6),
+                      ("worker-loss", 1, "fit_started", 0.0, 0.0), ("worker-loss", 1, "succeeded", 0.0, 0.0)]
+    assert {e["input_path"] for e in ledger.runs()} == {input_key}  # the driver resolved the relative path
+    totals = ledger.totals(input_key)
     assert (totals.spent_epsilon, totals.spent_delta) == (1.0, 1e-6)
-    assert summary["epsilon_spent"] == 1.0
+    assert summary["epsilon_spent"] == 1.0 and summary["attempt"] == 1 and summary["private"] is False
 
 
 def test_bad_config_exits_2_through_spark_submit_and_leaves_nothing(cluster, package, points, tmp_path):
