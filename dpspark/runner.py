@@ -333,8 +333,8 @@ class _Recorded(Exception):
 
 def _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee, input_key=None) -> None:
     tables.write_run_record(spark, paths["runs"], record)
-    if ledger is not None:
-        ledger.mark(input_key or config.input.name, run_id, record["status"], attempt=attempt, guarantee=guarantee)
+    if ledger is not None and input_key is not None:  # an attempt that never opened its input has no ledger events
+        ledger.mark(input_key, run_id, record["status"], attempt=attempt, guarantee=guarantee)
 
 
 def _cancel_jobs(spark) -> None:

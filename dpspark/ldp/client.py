@@ -172,6 +172,11 @@ def _round_of(u, fractions) -> np.ndarray:
     return np.searchsorted(edges, np.asarray(u), side="right").astype(np.int64) + 1
 
 
+def client_seeds(run_key: str, keys) -> list[bytes]:
+    """The secret seed of each simulated client (``user_seed`` of its record key)."""
+    return [user_seed(run_key, k) for k in keys]
+
+
 def choose_round(randomness, fractions) -> int:
     """Which round (1, 2 or 3) this user answers in: a draw from its own randomness, NOT from its point."""
     return int(_round_of(_uniforms(randomness, ROUND_TAG, 1)[0], fractions))

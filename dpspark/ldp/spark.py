@@ -98,9 +98,7 @@ def keyed_points(df, features, privacy_unit, domain, run_key):
     return duplicate_keys(raw.where(valid).select(*unit_exprs), unit_names), names
 
 
-def client_seeds(run_key: str, keys) -> list[bytes]:
-    """The secret seed of each simulated client (``client.user_seed`` of its record key)."""
-    return [client.user_seed(run_key, k) for k in keys]
+client_seeds = client.client_seeds  # lives in the numpy-only client: executors import only that module
 
 
 def client_runner(params, run_key: str, fractions, round_no: int, columns: list[str]):
@@ -115,7 +113,7 @@ def client_runner(params, run_key: str, fractions, round_no: int, columns: list[
         for pdf in batches:
             if len(pdf) == 0:
                 continue
-            seeds = client_seeds(run_key, pdf[KEY].tolist())
+            seeds = client.client_seeds(run_key, pdf[KEY].tolist())
             chosen = np.nonzero(client.choose_round_batch(seeds, fractions) == round_no)[0]
             if len(chosen) == 0:  # no client of this batch answers in this round
                 continue
