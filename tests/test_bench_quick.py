@@ -6,7 +6,7 @@ Runs each script as a subprocess with this interpreter (the project's venv). Bud
 The quick modes read two real files from ``../shared/datasets`` (blood_transfusion.csv and
 Skin_NonSkin.txt.gz), as CI lays it out. A clone without ``../shared`` beside it gets seeded
 stand-ins of the same format instead (through ``$DPSPARK_DATASETS``), so the smoke tests still run
-the scripts end to end; the benchmark figures in the README come from the real files only.
+the scripts end to end; the benchmark figures in docs/benchmarks.md come from the real files only.
 """
 
 from __future__ import annotations
