@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
         _print_result(result)
     s = result.summary
     outcome.update(attempt=result.attempt, status=result.status, exit_code=EXIT_OK, epsilon_spent=s.get("epsilon_spent", 0.0),
-                   delta_spent=s.get("delta_spent", 0.0), input_version=(s.get("input") or {}).get("version"),
+                   delta_spent=s.get("delta_spent", 0.0), input_version=result.input_version,
                    outputs=s.get("outputs"))
     _print_json(as_json, outcome)
     return EXIT_OK

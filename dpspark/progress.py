@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 
 log = logging.getLogger("dpspark")
@@ -25,14 +26,32 @@ def configure_logging(level: int = logging.INFO, stream=None) -> None:
     """
     ours = [h for h in log.handlers if getattr(h, "_dpspark", False)]
     if ours and stream is not None:
-        ours[0].setStream(stream)
+        ours[0].use(stream)
     elif not log.handlers:
-        handler = logging.StreamHandler(stream)
+        handler = _Handler(stream)
         handler.setFormatter(logging.Formatter("[dpspark] %(asctime)s %(message)s", "%H:%M:%S"))
         handler._dpspark = True
         log.addHandler(handler)
     log.setLevel(level)
     log.propagate = False
+
+
+class _Handler(logging.StreamHandler):
+    """Writes to the given stream, or else to the CURRENT ``sys.stderr`` (not the one at set-up time,
+    which a test runner or a notebook may have replaced and closed since)."""
+
+    def __init__(self, stream=None):
+        super().__init__(stream)
+        self.fixed = stream
+
+    def use(self, stream) -> None:
+        self.fixed = stream
+        self.stream = stream if stream is not None else sys.stderr  # no flush of a stream that may be closed
+
+    def emit(self, record):
+        if self.fixed is None:
+            self.stream = sys.stderr
+        super().emit(record)
 
 
 @contextlib.contextmanager

@@ -76,6 +76,7 @@ class RunResult:
     model: object = None
     attempt: int = 1
     exit_code: int = 0
+    input_version: int | None = None  # the Delta version read (not in the published summary)
 
 
 def output_paths(output_path: str) -> dict:
@@ -174,7 +175,8 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
                    "algorithm": last.get("algorithm"), "epsilon_spent": 0.0, "delta_spent": 0.0,
                    "input": {"path": last.get("input_path"), "version": last.get("input_version")},
                    "outputs": {"summary": run_summary_path(paths, run_id), "centers": paths["centers"]}}
-        return RunResult(run_id=run_id, status="already_succeeded", summary=summary, outputs=paths, attempt=int(last["attempt"]))
+        return RunResult(run_id=run_id, status="already_succeeded", summary=summary, outputs=paths,
+                         attempt=int(last["attempt"]), input_version=last.get("input_version"))
     attempt = max((int(a["attempt"]) for a in earlier), default=0) + 1
     pinned = next((a.get("input_version") for a in earlier if a.get("input_version") is not None), None)
 
@@ -320,7 +322,8 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         raise
     if ledger is not None:
         ledger.mark(input_key, run_id, "succeeded", attempt=attempt, guarantee=guarantee)
-    return RunResult(run_id=run_id, status="succeeded", summary=summary, outputs=paths, model=model, attempt=attempt)
+    return RunResult(run_id=run_id, status="succeeded", summary=summary, outputs=paths, model=model, attempt=attempt,
+                     input_version=table.version)
 
 
 class _Recorded(Exception):

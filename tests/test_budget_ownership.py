@@ -22,7 +22,8 @@ def spellings(path: str) -> list[str]:
     head, tail = os.path.split(path)
     link = head + "-link"
     os.symlink(head, link)
-    return ["file://" + path + "/", "file:" + head + "//" + tail, os.path.join(link, tail), path + "/./"]
+    return ["file://" + path + "/",
+            "file:" + os.path.dirname(link) + "//" + os.path.basename(link) + "/" + tail]
 
 
 @pytest.mark.parametrize("fmt", ["delta", "parquet"])
@@ -39,24 +40,24 @@ def test_a_run_cannot_raise_or_bypass_the_ledgers_cap(spark, tmp_path, write_del
     Ledger(spark, ledger_path).set_budget(key, 1.0, 0.0)
     assert main(["run", "--config", cfg, "--run-id", "first"], spark=spark) == 0
     capsys.readouterr()
-    attempts = [
-        ["--set", "privacy.budget.epsilon=1e9", "--set", "privacy.budget.delta=0.5"],  # ask for a bigger cap
-        ["--set", "privacy.budget=null"],  # no request at all
-        *[["--set", f"input.path={p}"] for p in spellings(path)],  # the same table, spelled otherwise
-    ]
+    # The same table spelled otherwise (a file URI with a trailing slash; '//' and a symlinked directory).
+    attempts = [["--set", f"input.path={p}"] for p in spellings(path)]
+    if fmt == "delta":  # the config tricks need checking once
+        attempts += [["--set", "privacy.budget.epsilon=1e9", "--set", "privacy.budget.delta=0.5"],  # a bigger cap
+                     ["--set", "privacy.budget=null"]]  # no request at all
     for i, extra in enumerate(attempts):
         code = main(["run", "--config", cfg, "--run-id", f"again{i}", *extra], spark=spark)
         assert code == 3, (extra, capsys.readouterr().err)
-    # Another ledger has no cap for the table: refused too (a run cannot bring its own budget).
-    assert main(["run", "--config", cfg, "--run-id", "elsewhere", "--set", f"privacy.ledger={tmp_path / 'other'}"],
-                spark=spark) == 3
+    if fmt == "delta":  # another ledger has no cap for the table: refused too (a run cannot bring its own budget)
+        assert main(["run", "--config", cfg, "--run-id", "elsewhere", "--set", f"privacy.ledger={tmp_path / 'other'}"],
+                    spark=spark) == 3
     ledger = Ledger(spark, ledger_path)
     assert ledger.totals(key).spent_epsilon == pytest.approx(1.0)
     refused = [e for e in ledger.runs(key) if e["status"] == "refused"]
     assert len(refused) == len(attempts)
     runs = spark.read.format("delta").load(c["output"]["path"] + "/runs").collect()
     assert {r.input_key for r in runs} == {key}
-    assert sorted(r.status for r in runs) == ["refused"] * (len(attempts) + 1) + ["succeeded"]
+    assert sorted(r.status for r in runs) == ["refused"] * (len(attempts) + (fmt == "delta")) + ["succeeded"]
 
 
 def test_a_seeded_run_is_recorded_not_private_everywhere(spark, tmp_path, write_delta):
