@@ -124,6 +124,26 @@ def test_pipeline_fit_charges_the_ledger_and_round_trips_through_save_load(spark
     got = _predictions(loaded.transform(fitted["df"]))
     want = _predictions(model.transform(fitted["df"]))
     assert got == want and {p for _, p in got} == {0, 1, 2}
+    # ... and in a NEW session (another process, another JVM): the same predictions.
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from pyspark.ml import PipelineModel\n"
+        "from dpspark.session import get_session\n"
+        "spark = get_session(master='local[1]')\n"
+        "df = spark.read.format('delta').load(sys.argv[2])\n"
+        "rows = PipelineModel.load(sys.argv[1]).transform(df).select('id', 'prediction').collect()\n"
+        "print('PREDICTIONS ' + json.dumps(sorted([int(r['id']), r['prediction']] for r in rows)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+    out = subprocess.run([sys.executable, "-c", script, path, fitted["table"]], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("PREDICTIONS "))
+    assert [tuple(p) for p in json.loads(line[len("PREDICTIONS "):])] == want
     lstage = loaded.stages[-1]
     assert isinstance(lstage, DPClusteringModel) and lstage.uid == stage.uid
     assert all(np.array_equal(a, b) for a, b in zip(lstage.clusterCenters(), centers))
