@@ -134,15 +134,20 @@ def test_a_week_of_daily_runs(spark, tmp_path, monkeypatch, capsys):
     assert "killed     run day-3 attempt 1" in shown and "refused    run day-5 attempt 1" in shown
 
 
-def test_a_retry_reuses_the_charge_of_an_attempt_that_never_started_its_fit(spark, tmp_path, monkeypatch):
-    """Killed right after its charge (before the fit: no private value read, no noise drawn), an
-    attempt leaves its charge to the retry; the ledger total stays at one charge."""
+def one_capped_table(spark, tmp_path, cap: float):
+    """A one-day Delta table whose ledger cap is ``cap``: (key, ledger, config path, output path)."""
     table, ledger_path, out = str(tmp_path / "t"), str(tmp_path / "ledger"), str(tmp_path / "out")
     spark.createDataFrame(day_rows(1)).write.format("delta").save(table)
     key = tables.ledger_key_of(spark, table)
     ledger = Ledger(spark, ledger_path)
-    ledger.set_budget(key, 3.0, 0.0)
-    cfg = daily_config(tmp_path, table, ledger_path, out)
+    ledger.set_budget(key, cap, 0.0)
+    return key, ledger, daily_config(tmp_path, table, ledger_path, out), out
+
+
+def test_a_retry_reuses_the_charge_of_an_attempt_that_never_started_its_fit(spark, tmp_path, monkeypatch):
+    """Killed right after its charge (before the fit: no private value read, no noise drawn), an
+    attempt leaves its charge to the retry; the ledger total stays at one charge."""
+    key, ledger, cfg, out = one_capped_table(spark, tmp_path, 3.0)
     real_charge = Ledger.charge
 
     def charge_then_killed(self, *args, **kwargs):
@@ -174,12 +179,7 @@ def test_runs_table_edits_cannot_buy_a_second_release(spark, tmp_path, monkeypat
 
     from dpspark import tables as tables_mod
 
-    table, ledger_path, out = str(tmp_path / "t"), str(tmp_path / "ledger"), str(tmp_path / "out")
-    spark.createDataFrame(day_rows(1)).write.format("delta").save(table)
-    key = tables.ledger_key_of(spark, table)
-    ledger = Ledger(spark, ledger_path)
-    ledger.set_budget(key, 3.0, 0.0)
-    cfg = daily_config(tmp_path, table, ledger_path, out)
+    key, ledger, cfg, out = one_capped_table(spark, tmp_path, 3.0)
     real_write = tables_mod.write_centers
 
     def fail_with_a_private_value(*args, **kwargs):
