@@ -1,40 +1,58 @@
 #!/usr/bin/env python
-"""Utility benchmark of every dpspark family against a non-private baseline and a DP peer (issue 7).
+"""Utility benchmark: dpspark (auto and every family) vs non-private k-means and two DP peers (issues 7, 14).
 
 Methods (all k-means objective, so one cost ratio compares them all):
 
-- ``maxcover_grid``, ``maxcover_private``: ``MaxCover(objective="kmeans", candidates=...)``,
-  delta = 1e-6 (the only (epsilon, delta) family; everything else is pure epsilon-DP);
-- ``dplloyd_<variant>`` for the four variants (allocation_nk, average_nk, average_k, allocation_k);
+- ``auto``: ``dpspark.auto.AutoClustering(objective="kmeans", delta=1e-6)``, which chooses its own route
+  (recorded per run); it runs only with ``--engine spark``; an ImportError etc. is recorded as a failed run;
+- ``maxcover_grid``, ``maxcover_private``: ``MaxCover(objective="kmeans", candidates=...)``, delta = 1e-6;
+- ``dplloyd_<variant>`` for the four variants (allocation_nk, average_nk, average_k, allocation_k), pure eps-DP;
+  these six are the "explicit" methods of the targets table;
 - ``ldp``: ``LocalDP(objective="kmeans")`` (a LOCAL guarantee: much stronger, expect worse utility);
 - ``nonprivate``: scikit-learn ``KMeans`` (k-means++ init, Lloyd, best of n_init=10), the denominator
   of the cost ratio (so its ratio is 1 by definition; its NICV is the floor);
-- ``diffprivlib``: IBM diffprivlib ``KMeans(epsilon, bounds)`` as the peer, run in its own venv
-  (``.cache/peer-venv``, created by this script with ``python3 -m venv`` + ``pip install diffprivlib``;
-  it needs an older scikit-learn than the project) through a subprocess on .npy files.
+- peers, each in its own venv created by this script, run as subprocesses on .npy files, never imported:
+  ``diffprivlib``: IBM diffprivlib ``KMeans(epsilon, bounds)`` (``.cache/peer-venv``, ``pip install
+  diffprivlib``, older scikit-learn if needed); ``google_lsh``: Google's LSH-tree private coreset clustering
+  from ``../shared/peers/google-dp-clustering/learning`` (``.cache/google-peer-venv`` with absl-py,
+  dp-accounting, scikit-learn, scipy, numpy), ``private_lsh_clustering(k, Data(X, radius=sqrt(d)),
+  DifferentialPrivacyParam(epsilon, delta=1e-6))`` on the data in [-1, 1]^d. A peer whose venv or code is
+  missing is skipped with the reason in results.md; ``--no-peer`` skips both.
 
-Engine. The dpspark families run their REAL driver code (the estimator's own parameter
-validation, budget split, accountant, mechanisms, coverage loop / Lloyd iterations / LDP clients
-and server, solvers) on the data held in numpy, with the numpy reference aggregations of the
-package instead of the Spark passes: ``dplloyd.core.numpy_aggregate``,
-``maxcover.core.NumpySignatureProvider`` / ``core.snap_counts`` / the ``passes.cell_aggregator``
-function applied to one pandas batch, and ``ldp.client.randomize_batch``. These compute the same
-exact aggregates as the Spark passes (the package's tests check that). The Spark fit itself is
-measured by ``scripts/bench_scale.py``; a Spark ``.fit(df)`` costs 3-40 s per run on this shared
-2-core machine, which would allow ~1 dataset in the time budget instead of 6.
-``--engine spark`` runs the same benchmark through ``estimator.fit(spark_df)`` (slow; for spot checks).
+Defaults: every shared dataset (s1, a3, birch2, unbalance, skin_segmentation, blood_transfusion, tripadvisor_review,
+electrical_grid_stability, adult, google_review_ratings, credit_card_clients), WHOLE (``--max-rows`` caps them),
+``--engine spark``, epsilons 0.5, 1, 2, 5 runs per cell (median). That takes hours: split it with ``--datasets X
+--append``, which adds this invocation's (dataset, method, epsilon) cells to the table already in ``--out``
+(``runs.csv`` + ``datasets.json`` + ``peers.json`` + ``meta.json``) and regenerates every output from the whole
+table. Outputs are also rewritten after each dataset, so an interrupted run keeps what it finished.
 
-Public bounds: per-column min/max of each dataset, treated as public domain knowledge, the
-benchmark convention of the DP k-means literature (bench_common.PUBLIC_BOUNDS_NOTE). The
-estimators receive them as their public ``Domain``; the data and all costs are in [-1, 1]^d.
+Engines. ``spark``: every dpspark run is ``estimator.fit(spark_df)`` in one local[2] session, one cached frame per
+dataset. ``numpy`` (``--quick`` default, and ``scripts/bench_ldp.py`` / ``tune_maxcover_candidates.py`` through
+``fit_numpy``): the estimators' REAL driver code (parameter validation, budget split, accountant, mechanisms,
+coverage loop / Lloyd iterations / LDP clients and server, solvers) on the data held in numpy, with the package's
+numpy reference aggregations instead of the Spark passes (``dplloyd.core.numpy_aggregate``,
+``maxcover.core.NumpySignatureProvider`` / ``core.snap_counts`` / ``passes.cell_aggregator`` on one pandas batch,
+``ldp.client.randomize_batch``): the same exact aggregates as the Spark passes (the package's tests check that).
 
-Metrics: cost ratio = k-means cost of the released centers / cost of the non-private baseline;
-NICV = cost / N (both on the data scaled to [-1, 1]^d). Cells: median [25th, 75th percentile].
+Public bounds: per-column min/max of each dataset, treated as public domain knowledge, the benchmark convention of
+the DP k-means literature (bench_common.PUBLIC_BOUNDS_NOTE). The estimators receive them as their public
+``Domain``; the data and all costs are in [-1, 1]^d.
 
-Noise: secure (OpenDP) noise for dpspark, ``random_state=None`` for the peer, unless ``--seeded``.
+Metrics: cost ratio = k-means cost of the released centers / cost of the non-private baseline; NICV = cost / N
+(both on the data scaled to [-1, 1]^d). Cells: median [25th, 75th percentile].
 
-    .venv/bin/python scripts/bench_utility.py --quick --no-peer --out /tmp/u   # smoke (CI)
-    .venv/bin/python scripts/bench_utility.py                                   # full run
+Targets (issue 14; ``results.md`` "Targets", printed at the end, ``readme_table.md`` for the README): per dataset
+auto's median at eps 1, the best explicit method and its median, both peers' medians; pass/fail of (a) auto's
+excess (ratio - 1) <= half the better peer's at eps 1, (b) auto <= 1.10 x the best explicit at eps 1, (c) auto <=
+the better peer at eps 0.5 and 2. diffprivlib is compared at its NOMINAL epsilon; results.md computes what it
+really spends.
+
+Noise: secure (OpenDP) noise for dpspark, unseeded peers, unless ``--seeded`` (reproducible, NOT private).
+
+    .venv/bin/python scripts/bench_utility.py --quick --no-peer --out /tmp/u          # smoke (CI), numpy, ~5 s
+    .venv/bin/python scripts/bench_utility.py --datasets blood_transfusion --reps 2 --epsilons 1 --out /tmp/u
+    .venv/bin/python scripts/bench_utility.py --datasets s1 --append                 # one dataset into the table
+    .venv/bin/python scripts/bench_utility.py                                         # full run (hours)
 """
 
 from __future__ import annotations
@@ -63,15 +81,31 @@ import bench_common as bc  # noqa: E402
 ROOT = bc.ROOT
 DEFAULT_OUT = ROOT / "bench" / "results" / "utility"
 PEER_VENV = ROOT / ".cache" / "peer-venv"
-EPSILONS = [0.1, 0.25, 0.5, 1.0, 2.0, 4.0]
+EPSILONS = [0.5, 1.0, 2.0]
 DELTA = 1e-6
 DPLLOYD_VARIANTS = ["allocation_nk", "average_nk", "average_k", "allocation_k"]
-DP_METHODS = ["maxcover_grid", "maxcover_private"] + [f"dplloyd_{v}" for v in DPLLOYD_VARIANTS] + ["ldp"]
+# The explicit dpspark methods (the "best explicit" of the targets table is the lowest median among these).
+EXPLICIT_METHODS = ["maxcover_grid", "maxcover_private"] + [f"dplloyd_{v}" for v in DPLLOYD_VARIANTS]
+AUTO = "auto"
+DP_METHODS = EXPLICIT_METHODS + ["ldp", AUTO]
+QUICK_METHODS = EXPLICIT_METHODS + ["ldp"]
+# Targets (issue 14): at TARGET_EPS auto's excess (ratio - 1) <= TARGET_EXCESS_FRACTION x the better peer's excess,
+# and auto <= TARGET_EXPLICIT_FACTOR x the best explicit method; at TARGET_SIDE_EPS auto <= the better peer.
+TARGET_EPS = 1.0
+TARGET_SIDE_EPS = [0.5, 2.0]
+TARGET_EXCESS_FRACTION = 0.5
+TARGET_EXPLICIT_FACTOR = 1.10
 PEER = "diffprivlib"
+GOOGLE = "google_lsh"
+GOOGLE_VENV = ROOT / ".cache" / "google-peer-venv"
+GOOGLE_PATH = (ROOT / ".." / "shared" / "peers" / "google-dp-clustering" / "learning").resolve()
+GOOGLE_PACKAGES = ["absl-py", "dp-accounting", "scikit-learn", "scipy", "numpy"]
+PEERS = [PEER, GOOGLE]
 NONPRIVATE = "nonprivate"
 
-# Full run: datasets and the row cap (uniform subsample without replacement, fixed seed).
-FULL_DATASETS = ["s1", "blood_transfusion", "tripadvisor_review", "electrical_grid_stability", "adult"]
+# Full run: every shared dataset, whole (--max-rows: uniform subsample without replacement, fixed seed).
+FULL_DATASETS = ["s1", "a3", "birch2", "unbalance", "skin_segmentation", "blood_transfusion", "tripadvisor_review",
+                 "electrical_grid_stability", "adult", "google_review_ratings", "credit_card_clients"]
 QUICK_DATASETS = ["blood_transfusion"]
 LOADERS = {f.__name__.replace("load_", ""): f for f in bc.ALL_LOADERS}
 LOADER_ALIASES = {"s1": "s1", "unbalance": "unbalance", "blood_transfusion": "blood_transfusion",
@@ -110,12 +144,16 @@ def domain_of(ds):
 
 
 def make_estimator(method: str, ds: dict, eps: float, seed: int | None):
+    dom, k = domain_of(ds), ds["k"]
+    feats = tuple(f"f{j}" for j in range(dom.dim))
+    if method == AUTO:
+        from dpspark.auto import AutoClustering  # an ImportError is recorded as the run's failure
+
+        return AutoClustering(k=k, epsilon=eps, delta=DELTA, domain=dom, features=feats, objective="kmeans", seed=seed)
     from dpspark.dplloyd.estimator import DPLloyd
     from dpspark.ldp.estimator import LocalDP
     from dpspark.maxcover.estimator import MaxCover
 
-    dom, k = domain_of(ds), ds["k"]
-    feats = tuple(f"f{j}" for j in range(dom.dim))
     if method.startswith("maxcover_"):
         return MaxCover(k=k, epsilon=eps, delta=DELTA, domain=dom, features=feats, objective="kmeans",
                         candidates=method.split("_", 1)[1], seed=seed)
@@ -226,6 +264,8 @@ def fit_numpy(est, x_original: np.ndarray):
         centers_unit, _, info = driver.result(randomness.public_rng("ldp-solver"))
         acc.finish()
         return est.domain.from_unit(centers_unit), acc.spent_epsilon, acc.spent_delta, {"kept": info.get("kept")}
+    if name == "AutoClustering":
+        raise NotImplementedError("auto runs only through estimator.fit(spark_df): use --engine spark")
     raise ValueError(name)
 
 
@@ -260,36 +300,52 @@ def run_task(task) -> dict:
     return row
 
 
-def run_spark_tasks(tasks, specs) -> list[dict]:
-    """--engine spark: the same runs through ``estimator.fit(spark_df)`` in one local session."""
-    import pandas as pd
+class SparkEngine:
+    """--engine spark: every run is ``estimator.fit(spark_df)`` in one local[2] session (started on first use)."""
 
-    from dpspark.session import build_session
+    def __init__(self):
+        self.spark = None
 
-    _init_worker(specs)
-    spark = build_session(master="local[2]", testing=True, conf={"spark.sql.shuffle.partitions": "4"})
-    frames = {}
-    for name, ds in _DATA.items():
+    def run(self, ds: dict, tasks) -> list[dict]:
+        import pandas as pd
+
+        if self.spark is None:
+            from dpspark.session import build_session
+
+            logging.disable(logging.WARNING)
+            self.spark = build_session(master="local[2]", testing=True, conf={"spark.sql.shuffle.partitions": "4"})
         cols = [f"f{j}" for j in range(ds["x"].shape[1])]
-        frames[name] = spark.createDataFrame(pd.DataFrame(ds["x"], columns=cols)).repartition(2).cache()
-        frames[name].count()
-    rows = []
-    for name, method, eps, rep, seeded in tasks:
-        ds = _DATA[name]
-        seed = (zlib.crc32(f"{name}|{method}|{eps}|{rep}".encode()) & 0x7FFFFFFF) if seeded else None
-        t0 = time.perf_counter()
-        row = {"dataset": name, "method": method, "epsilon": eps, "rep": rep}
+        frame = self.spark.createDataFrame(pd.DataFrame(ds["x"], columns=cols)).repartition(2).cache()
+        frame.count()
+        rows = []
         try:
-            model = make_estimator(method, ds, eps, seed).fit(frames[name])
-            cost = bc.kmeans_cost(ds["unit"], bc.scale_unit(model.centers, ds["lo"], ds["hi"]))
-            row.update(cost=cost, epsilon_spent=model.epsilon_spent, delta_spent=model.delta_spent, error="",
-                       info=json.dumps({"spark_passes": model.info.get("spark_passes")}))
-        except Exception as exc:
-            row.update(cost=float("nan"), epsilon_spent=float("nan"), delta_spent=float("nan"), error=repr(exc)[:300], info="")
-        row["seconds"] = time.perf_counter() - t0
-        rows.append(row)
-    spark.stop()
-    return rows
+            for name, method, eps, rep, seeded in tasks:
+                seed = (zlib.crc32(f"{name}|{method}|{eps}|{rep}".encode()) & 0x7FFFFFFF) if seeded else None
+                t0 = time.perf_counter()
+                row = {"dataset": name, "method": method, "epsilon": eps, "rep": rep}
+                try:
+                    operational: dict = {}
+                    model = make_estimator(method, ds, eps, seed).fit(frame, operational=operational)
+                    cost = bc.kmeans_cost(ds["unit"], bc.scale_unit(model.centers, ds["lo"], ds["hi"]))
+                    info = {"spark_passes": operational.get("spark_passes")}
+                    if method == AUTO:  # the route auto chose (its model's parameters / info)
+                        params = model.parameters if isinstance(model.parameters, dict) else {}
+                        info["chosen"] = params.get("chosen") or ((model.info or {}).get("auto") or {}).get("route")
+                    row.update(cost=cost, epsilon_spent=model.epsilon_spent, delta_spent=model.delta_spent, error="",
+                               info=json.dumps(info, default=str))
+                except Exception as exc:
+                    row.update(cost=float("nan"), epsilon_spent=float("nan"), delta_spent=float("nan"),
+                               error=repr(exc)[:300], info="")
+                row["seconds"] = time.perf_counter() - t0
+                rows.append(row)
+        finally:
+            frame.unpersist()
+        return rows
+
+    def stop(self):
+        if self.spark is not None:
+            self.spark.stop()
+            self.spark = None
 
 
 # ---------------------------------------------------------------------------
@@ -417,23 +473,113 @@ def peer_actual_epsilon(d: int, budget: dict, ds: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------
+# The second peer: Google's LSH-tree private coreset clustering, in its own venv
+
+GOOGLE_RUNNER = r"""
+import json, sys, time
+import numpy as np
+spec = json.load(open(sys.argv[1]))
+from importlib import metadata
+from clustering import clustering_algorithm, clustering_params
+x = np.load(spec["x"])  # already scaled to [-1, 1]^d with the public bounds
+radius = float(np.sqrt(x.shape[1]))
+out = {"versions": {p: metadata.version(p) for p in ("dp-accounting", "scikit-learn", "numpy")}, "radius": radius, "runs": []}
+for eps, rep, seed in spec["tasks"]:
+    if seed is not None:
+        np.random.seed(seed)  # the library draws from numpy's global generator (and sklearn KMeans without random_state)
+    t0 = time.perf_counter()
+    try:
+        res = clustering_algorithm.private_lsh_clustering(
+            spec["k"], clustering_params.Data(x, radius=radius),
+            clustering_params.DifferentialPrivacyParam(epsilon=float(eps), delta=float(spec["delta"])))
+        out["runs"].append({"epsilon": eps, "rep": rep, "centers": np.asarray(res.centers).tolist(),
+                            "seconds": time.perf_counter() - t0, "error": ""})
+    except Exception as exc:
+        out["runs"].append({"epsilon": eps, "rep": rep, "centers": None, "seconds": time.perf_counter() - t0,
+                            "error": repr(exc)[:300]})
+json.dump(out, open(spec["out"], "w"))
+"""
+
+
+def ensure_google_venv(status: dict) -> Path | None:
+    """Create .cache/google-peer-venv (absl-py, dp-accounting, scikit-learn, scipy, numpy) and check that the peer's
+    code in ../shared/peers imports. None (the peer is skipped, with the reason in ``status``) if either fails."""
+    if not (GOOGLE_PATH / "clustering" / "clustering_algorithm.py").exists():
+        status["skipped"] = f"peer code not found at {GOOGLE_PATH} (../shared/peers missing): google_lsh not run"
+        return None
+    py = GOOGLE_VENV / "bin" / "python"
+    check = [str(py), "-c", "from clustering import clustering_algorithm, clustering_params"]
+    env = dict(os.environ, PYTHONPATH=str(GOOGLE_PATH))
+    env.pop("VIRTUAL_ENV", None)
+
+    def ok():
+        r = subprocess.run(check, capture_output=True, text=True, env=env)
+        if r.returncode == 0:
+            return True
+        status.setdefault("import_errors", []).append(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "?")
+        return False
+
+    try:
+        if not py.exists():
+            subprocess.run(["python3", "-m", "venv", str(GOOGLE_VENV)], check=True, capture_output=True, text=True)
+        if py.exists() and ok():
+            return py
+        subprocess.run([str(py), "-m", "pip", "install", "-q", *GOOGLE_PACKAGES], check=True, capture_output=True, text=True)
+        if ok():
+            return py
+    except (subprocess.CalledProcessError, OSError) as exc:
+        status["install_error"] = (getattr(exc, "stderr", "") or repr(exc))[-500:]
+    return None
+
+
+def run_google_peer(py: Path, ds: dict, epsilons, reps: int, seeded: bool, workdir: Path) -> tuple[list[dict], dict]:
+    """``reps`` runs per epsilon of ``private_lsh_clustering(k, Data(unit, radius=sqrt(d)), (eps, DELTA))``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    xp = workdir / f"{ds['name']}.unit.npy"
+    np.save(xp, ds["unit"])
+    runner = workdir / "google_runner.py"
+    runner.write_text(GOOGLE_RUNNER)
+    tasks = [[e, r, (zlib.crc32(f"{ds['name']}|{GOOGLE}|{e}|{r}".encode()) & 0x7FFFFFFF) if seeded else None]
+             for e in epsilons for r in range(reps)]
+    spec = {"x": str(xp), "k": ds["k"], "delta": DELTA, "tasks": tasks, "out": str(workdir / f"{ds['name']}.google.json")}
+    sp = workdir / f"{ds['name']}.google.spec.json"
+    sp.write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PYTHONPATH=str(GOOGLE_PATH), OMP_NUM_THREADS="1")
+    r = subprocess.run([str(py), str(runner), str(sp)], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"google runner failed: {r.stderr[-800:]}")
+    out = json.loads(Path(spec["out"]).read_text())
+    rows = []
+    for run in out["runs"]:
+        row = {"dataset": ds["name"], "method": GOOGLE, "epsilon": run["epsilon"], "rep": run["rep"],
+               "seconds": run["seconds"], "error": run["error"], "info": ""}
+        if run["centers"] is not None:
+            row.update(cost=bc.kmeans_cost(ds["unit"], np.array(run["centers"], dtype=np.float64)),
+                       epsilon_spent=float(run["epsilon"]), delta_spent=DELTA)
+        else:
+            row.update(cost=float("nan"), epsilon_spent=float("nan"), delta_spent=float("nan"))
+        rows.append(row)
+    return rows, out
+
+
+# ---------------------------------------------------------------------------
 # Aggregation and outputs
 
 
-def summarize(runs: list[dict], datasets: list[dict], baselines: dict) -> list[dict]:
+def summarize(runs: list[dict], datasets: list[dict]) -> list[dict]:
+    """One row per (dataset, method, epsilon); ``datasets`` are the metadata dicts of ``dataset_meta``."""
     out = []
     for ds in datasets:
-        name = ds["name"]
-        n, d, k = ds["x"].shape[0], ds["x"].shape[1], ds["k"]
-        base = baselines[name]
+        name, n, d, k, base = ds["name"], ds["n"], ds["d"], ds["k"], ds["baseline"]
         out.append({"dataset": name, "n": n, "d": d, "k": k, "method": NONPRIVATE, "epsilon": "inf", "runs": 1,
                     "cost_ratio_median": 1.0, "cost_ratio_q25": 1.0, "cost_ratio_q75": 1.0,
                     "nicv_median": base / n, "nicv_q25": base / n, "nicv_q75": base / n,
                     "epsilon_spent": "", "delta_spent": "", "failures": 0})
-        methods = sorted({r["method"] for r in runs if r["dataset"] == name}, key=method_order)
-        for method in methods:
-            for eps in sorted({r["epsilon"] for r in runs if r["dataset"] == name and r["method"] == method}):
-                rs = [r for r in runs if r["dataset"] == name and r["method"] == method and r["epsilon"] == eps]
+        mine = [r for r in runs if r["dataset"] == name]
+        for method in sorted({r["method"] for r in mine}, key=method_order):
+            for eps in sorted({r["epsilon"] for r in mine if r["method"] == method}):
+                rs = [r for r in mine if r["method"] == method and r["epsilon"] == eps]
                 costs = np.array([r["cost"] for r in rs], dtype=float)
                 cr = bc.median_iqr(costs / base)
                 nv = bc.median_iqr(costs / n)
@@ -448,7 +594,7 @@ def summarize(runs: list[dict], datasets: list[dict], baselines: dict) -> list[d
 
 
 def method_order(m: str) -> int:
-    order = [NONPRIVATE] + DP_METHODS + [PEER]
+    order = [NONPRIVATE, AUTO] + EXPLICIT_METHODS + ["ldp"] + PEERS
     return order.index(m) if m in order else len(order)
 
 
@@ -471,7 +617,8 @@ def write_plots(summary, datasets, out_dir: Path) -> list[str]:
 
     files = []
     for ds in datasets:
-        rows = [r for r in summary if r["dataset"] == ds["name"] and r["method"] != NONPRIVATE]
+        rows = [r for r in summary if r["dataset"] == ds["name"] and r["method"] != NONPRIVATE
+                and np.isfinite(float(r["cost_ratio_median"]))]
         if not rows:
             continue
         fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -481,15 +628,15 @@ def write_plots(summary, datasets, out_dir: Path) -> list[str]:
             med = np.array([r["cost_ratio_median"] for r in rs], dtype=float)
             lo = np.array([r["cost_ratio_q25"] for r in rs], dtype=float)
             hi = np.array([r["cost_ratio_q75"] for r in rs], dtype=float)
-            style = "--" if method == PEER else ("-." if method == "ldp" else "-")
-            line, = ax.plot(e, med, style, marker="o", ms=4, label=method)
+            style = "--" if method in PEERS else ("-." if method == "ldp" else "-")
+            line, = ax.plot(e, med, style, marker="o", ms=4, label=method, lw=2.5 if method == AUTO else 1.5)
             ax.fill_between(e, lo, hi, color=line.get_color(), alpha=0.12)
         ax.axhline(1.0, color="black", lw=0.8, ls=":", label="non-private (best of 10)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("epsilon")
         ax.set_ylabel("cost ratio (median, IQR band)")
-        ax.set_title(f"{ds['name']} (n={ds['x'].shape[0]}, d={ds['x'].shape[1]}, k={ds['k']}); public bounds = per-column min/max",
+        ax.set_title(f"{ds['name']} (n={ds['n']}, d={ds['d']}, k={ds['k']}); public bounds = per-column min/max",
                      fontsize=9)
         ax.legend(fontsize=7, ncol=2)
         ax.grid(True, which="both", alpha=0.3)
@@ -502,8 +649,9 @@ def write_plots(summary, datasets, out_dir: Path) -> list[str]:
 
 
 def peer_section(peer_meta: dict, datasets: list[dict], epsilons) -> tuple[str, list[dict]]:
+    """diffprivlib's real spend; ``peer_meta`` = {"status": ..., "outputs": {dataset: runner output without runs}}."""
     if not peer_meta.get("outputs"):
-        return "## Peer privacy spend\n\nPeer not run: " + json.dumps(peer_meta.get("status", {})) + "\n", []
+        return "## Peer privacy spend: diffprivlib\n\nPeer not run: " + json.dumps(peer_meta.get("status", {})) + "\n", []
     lines = ["## Peer privacy spend: diffprivlib KMeans (computed from its code path)", ""]
     first = next(iter(peer_meta["outputs"].values()))
     lines.append(f"Versions in `.cache/peer-venv`: {json.dumps(first['versions'])}. Source lines read at run time "
@@ -530,7 +678,7 @@ def peer_section(peer_meta: dict, datasets: list[dict], epsilons) -> tuple[str, 
                  "clusters' counts change: the count part doubles).")
     lines.append("")
     rows = []
-    e1 = min(epsilons, key=lambda e: abs(math.log(e)))
+    e1 = min(epsilons, key=lambda e: abs(math.log(e))) if epsilons else 1.0
     header = ["dataset", "d", "n", "c = cbrt(4 d rho^2)", f"T (iters) at eps={e1:g}", f"actual eps at eps={e1:g} (calibrated)",
               "actual / nominal", "add/remove", "replace-one", "diffprivlib's accountant records"]
     table = []
@@ -538,20 +686,20 @@ def peer_section(peer_meta: dict, datasets: list[dict], epsilons) -> tuple[str, 
         out = peer_meta["outputs"].get(ds["name"])
         if not out:
             continue
-        d = ds["x"].shape[1]
+        d = ds["d"]
         c = float(np.cbrt(4 * d * 0.225 ** 2))
         for eps in epsilons:
             b = out["budget"].get(repr(float(eps)))
             if b is None:
                 continue
             a = peer_actual_epsilon(d, b, ds)
-            rows.append({"dataset": ds["name"], "d": d, "n": ds["x"].shape[0], "nominal_epsilon": eps, "iters": a["T"],
+            rows.append({"dataset": ds["name"], "d": d, "n": ds["n"], "nominal_epsilon": eps, "iters": a["T"],
                          "count_eps_per_iter": b["split_first"], "sum_eps_per_coord_per_iter": b["split_second"],
                          "actual_epsilon_calibrated": a["calibrated"], "su_split_total": a["nominal_su"],
                          "actual_epsilon_add_remove": a["add_remove"], "actual_epsilon_replace_one": a["replace_one"],
                          "ratio_actual_to_nominal": a["calibrated"] / eps})
             if eps == e1:
-                table.append([ds["name"], d, ds["x"].shape[0], f"{c:.3f}", a["T"], f"{a['calibrated']:.4g}",
+                table.append([ds["name"], d, ds["n"], f"{c:.3f}", a["T"], f"{a['calibrated']:.4g}",
                               f"{a['calibrated'] / eps:.3f}", f"{a['add_remove']:.4g}", f"{a['replace_one']:.4g}", f"{eps:g}"])
     lines.append(bc.markdown_table(header, table, ["l", "r", "r", "r", "r", "r", "r", "r", "r", "r"]))
     lines.append("")
@@ -560,31 +708,209 @@ def peer_section(peer_meta: dict, datasets: list[dict], epsilons) -> tuple[str, 
     return "\n".join(lines) + "\n", rows
 
 
-def write_outputs(args, runs, datasets, baselines, peer_meta, out_dir: Path, elapsed: float):
+def google_section(google_meta: dict) -> str:
+    lines = ["## Peer: Google's LSH clustering (`google_lsh`)", ""]
+    outs = google_meta.get("outputs") or {}
+    if not outs:
+        return "\n".join(lines + ["Not run: " + json.dumps(google_meta.get("status", {})), ""]) + "\n"
+    first = next(iter(outs.values()))
+    lines.append(
+        "Code: `../shared/peers/google-dp-clustering` (`learning/clustering/` of github.com/google/differential-privacy "
+        "at commit b5b0286e313b, Apache-2.0), unchanged, run as a subprocess in `.cache/google-peer-venv` "
+        f"(versions {json.dumps(first.get('versions', {}))}). Call: `clustering_algorithm.private_lsh_clustering(k, "
+        "Data(X, radius=sqrt(d)), DifferentialPrivacyParam(epsilon, delta=1e-6))` with its default tree and noise "
+        "multiplier parameters, X = the same [-1, 1]^d scaling from the public bounds as every other method, so every "
+        "point has norm <= sqrt(d) and its clipping to the radius changes nothing.")
+    lines.append("")
+    lines.append(
+        f"Privacy: (epsilon, {DELTA:g})-DP as stated. Its `PrivacyCalculator` calibrates one Gaussian release of the "
+        "sums and max_depth + 1 = 21 discrete-Laplace count levels of the LSH prefix tree to the target (epsilon, "
+        "delta) with dp_accounting's PLD accountant (`validate_accounting` checks it); the centers are non-private "
+        "k-means++ on the private weighted coreset (post-processing). The table records epsilon_spent = epsilon and "
+        f"delta_spent = {DELTA:g}. dpspark's maxcover (and auto, if it chooses so) also spend delta = {DELTA:g}; the "
+        "other dpspark methods and diffprivlib are pure epsilon-DP. Randomness: numpy's global generator, seeded per "
+        "run only with --seeded. Its results vary more between runs than diffprivlib's: take the medians.")
+    lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _median_at(summary, name, method, eps):
+    r = next((r for r in summary if r["dataset"] == name and r["method"] == method and r["epsilon"] == eps), None)
+    if r is None:
+        return float("nan"), None
+    return float(r["cost_ratio_median"]), r
+
+
+def target_rows(summary: list[dict], names: list[str]) -> list[dict]:
+    """The issue-14 targets per dataset (medians of the cost ratio; nan = not run or every run failed).
+
+    (a) at TARGET_EPS: auto's excess (ratio - 1) <= TARGET_EXCESS_FRACTION x the better peer's excess;
+    (b) at TARGET_EPS: auto <= TARGET_EXPLICIT_FACTOR x the best explicit dpspark method;
+    (c) at each of TARGET_SIDE_EPS: auto <= the better peer.
+    Each is True, False or None (a number missing)."""
+    out = []
+    for name in names:
+        def med(method, eps):
+            return _median_at(summary, name, method, eps)[0]
+
+        auto = med(AUTO, TARGET_EPS)
+        explicit = [(med(m, TARGET_EPS), m) for m in EXPLICIT_METHODS]
+        explicit = [(v, m) for v, m in explicit if np.isfinite(v)]
+        best, best_name = min(explicit) if explicit else (float("nan"), "")
+        dpl, goo = med(PEER, TARGET_EPS), med(GOOGLE, TARGET_EPS)
+
+        def better_peer(eps):
+            v = [x for x in (med(PEER, eps), med(GOOGLE, eps)) if np.isfinite(x)]
+            return min(v) if v else float("nan")
+
+        peer1 = better_peer(TARGET_EPS)
+        a = bool(auto - 1 <= TARGET_EXCESS_FRACTION * (peer1 - 1)) if np.isfinite(auto) and np.isfinite(peer1) else None
+        b = bool(auto <= TARGET_EXPLICIT_FACTOR * best) if np.isfinite(auto) and np.isfinite(best) else None
+        side = {}
+        for e in TARGET_SIDE_EPS:
+            ae, pe = med(AUTO, e), better_peer(e)
+            side[e] = bool(ae <= pe) if np.isfinite(ae) and np.isfinite(pe) else None
+        c = None if any(v is None for v in side.values()) else all(side.values())
+        out.append({"dataset": name, "auto": auto, "best_explicit": best, "best_explicit_method": best_name,
+                    "diffprivlib": dpl, "google_lsh": goo, "better_peer": peer1, "a": a, "b": b, "c": c, "c_by_eps": side})
+    return out
+
+
+def _verdict(v) -> str:
+    return "n/a" if v is None else ("pass" if v else "FAIL")
+
+
+def targets_markdown(targets: list[dict], summary: list[dict]) -> str:
+    def num(v, name=None, method=None):
+        if not np.isfinite(v):
+            r = _median_at(summary, name, method, TARGET_EPS)[1] if name else None
+            return "failed" if r is not None and r["failures"] == r["runs"] else "-"
+        return f"{v:.4g}"
+
+    header = ["dataset", f"auto (eps={TARGET_EPS:g})", "best explicit", "diffprivlib", "google_lsh",
+              f"(a) excess <= {TARGET_EXCESS_FRACTION:g} x better peer's",
+              f"(b) <= {TARGET_EXPLICIT_FACTOR:.2f} x best explicit",
+              "(c) <= better peer at eps " + ", ".join(f"{e:g}" for e in TARGET_SIDE_EPS)]
+    rows = []
+    for t in targets:
+        c = _verdict(t["c"])
+        if t["c"] is not None or any(v is not None for v in t["c_by_eps"].values()):
+            c += " (" + ", ".join(f"{e:g}: {_verdict(v)}" for e, v in t["c_by_eps"].items()) + ")"
+        rows.append([t["dataset"], num(t["auto"], t["dataset"], AUTO),
+                     f"{num(t['best_explicit'])} ({t['best_explicit_method']})" if t["best_explicit_method"] else "-",
+                     num(t["diffprivlib"], t["dataset"], PEER), num(t["google_lsh"], t["dataset"], GOOGLE),
+                     _verdict(t["a"]), _verdict(t["b"]), c])
+    return bc.markdown_table(header, rows, ["l", "r", "r", "r", "r", "l", "l", "l"])
+
+
+def readme_markdown(targets: list[dict], datasets: list[dict], reps: str) -> str:
+    by = {ds["name"]: ds for ds in datasets}
+    rows = []
+    for t in targets:
+        def f(v):
+            return f"{v:.3g}" if np.isfinite(v) else "-"
+
+        ds = by[t["dataset"]]
+        rows.append([f"{t['dataset']} (n={ds['n']}, d={ds['d']}, k={ds['k']})", f(t["auto"]),
+                     f"{f(t['best_explicit'])} ({t['best_explicit_method']})" if t["best_explicit_method"] else "-",
+                     f(t["diffprivlib"]), f(t["google_lsh"])])
+    return (f"Median k-means cost ratio at epsilon = {TARGET_EPS:g} (cost of the released centers / cost of non-private "
+            f"k-means++ best of 10; 1 = as good, lower is better; {reps} runs per cell; data scaled to [-1, 1]^d with "
+            "public per-column bounds). diffprivlib at its nominal epsilon (it really spends a different one, see "
+            "bench/results/utility/results.md); google_lsh and maxcover spend delta = 1e-6.\n\n"
+            + bc.markdown_table(["dataset", "auto", "best explicit dpspark", "diffprivlib", "google_lsh"], rows,
+                                ["l", "r", "r", "r", "r"]) + "\n")
+
+
+RUN_COLUMNS = ["dataset", "method", "epsilon", "rep", "cost", "epsilon_spent", "delta_spent", "seconds", "error", "info"]
+
+
+def _float(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def load_state(out_dir: Path | None) -> dict:
+    """The accumulated table of an output folder (--append): runs, dataset metadata, peer notes, invocations.
+    ``None``: an empty table."""
+    state = {"runs": [], "datasets": {}, "peers": {PEER: {"status": {}, "outputs": {}}, GOOGLE: {"status": {}, "outputs": {}}},
+             "invocations": []}
+    if out_dir is None:
+        return state
+    if not (out_dir / "datasets.json").exists() or not (out_dir / "runs.csv").exists():
+        if (out_dir / "runs.csv").exists():
+            print(f"bench_utility: {out_dir}/runs.csv has no datasets.json beside it (older format): starting a new table",
+                  flush=True)
+        return state
+    state["datasets"] = json.loads((out_dir / "datasets.json").read_text())
+    with open(out_dir / "runs.csv", newline="") as fh:
+        for r in csv.DictReader(fh):
+            state["runs"].append({"dataset": r["dataset"], "method": r["method"], "epsilon": float(r["epsilon"]),
+                                  "rep": int(r["rep"]), "cost": _float(r["cost"]), "epsilon_spent": _float(r["epsilon_spent"]),
+                                  "delta_spent": _float(r["delta_spent"]), "seconds": _float(r["seconds"]),
+                                  "error": r["error"] or "", "info": r["info"] or ""})
+    if (out_dir / "peers.json").exists():
+        state["peers"].update(json.loads((out_dir / "peers.json").read_text()))
+    if (out_dir / "meta.json").exists():
+        state["invocations"] = json.loads((out_dir / "meta.json").read_text()).get("invocations", [])
+    return state
+
+
+def dataset_meta(ds: dict, baseline: float, baseline_s: float, max_rows) -> dict:
+    return {"name": ds["name"], "n": int(ds["x"].shape[0]), "d": int(ds["x"].shape[1]), "k": int(ds["k"]),
+            "n_full": int(ds["n_full"]), "max_rows": max_rows, "lo": ds["lo"].tolist(), "hi": ds["hi"].tolist(),
+            "baseline": baseline, "baseline_seconds": baseline_s}
+
+
+def ordered(names) -> list[str]:
+    return sorted(names, key=lambda n: (FULL_DATASETS.index(n) if n in FULL_DATASETS else len(FULL_DATASETS), n))
+
+
+def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
+    """Regenerate every output of ``out_dir`` from the whole accumulated ``state``; returns (summary, targets)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    runs = state["runs"]
+    datasets = [state["datasets"][n] for n in ordered(state["datasets"])]
+    names = [ds["name"] for ds in datasets]
+    invocations = state["invocations"]
     with open(out_dir / "runs.csv", "w", newline="") as fh:
-        cols = ["dataset", "method", "epsilon", "rep", "cost", "epsilon_spent", "delta_spent", "seconds", "error", "info"]
-        w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+        w = csv.DictWriter(fh, fieldnames=RUN_COLUMNS, extrasaction="ignore")
         w.writeheader()
-        w.writerows(runs)
-    summary = summarize(runs, datasets, baselines)
+        w.writerows(sorted(runs, key=lambda r: (ordered(names).index(r["dataset"]) if r["dataset"] in names else 99,
+                                                method_order(r["method"]), r["epsilon"], r["rep"])))
+    (out_dir / "datasets.json").write_text(json.dumps(state["datasets"], indent=1))
+    (out_dir / "peers.json").write_text(json.dumps(state["peers"], indent=1, default=str))
+    summary = summarize(runs, datasets)
     with open(out_dir / "summary.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
         w.writeheader()
         for r in summary:
             w.writerow({c: r[c] for c in CSV_COLUMNS})
     plots = write_plots(summary, datasets, out_dir)
-    peer_md, peer_rows = peer_section(peer_meta, datasets, args.epsilons)
+    all_eps = sorted({r["epsilon"] for r in runs})
+    peer_md, peer_rows = peer_section(state["peers"][PEER], datasets, all_eps)
     if peer_rows:
         with open(out_dir / "peer_privacy.csv", "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(peer_rows[0]))
             w.writeheader()
             w.writerows(peer_rows)
+    targets = target_rows(summary, names)
+    reps = sorted({str(inv["reps"]) for inv in invocations}) or ["?"]
+    (out_dir / "readme_table.md").write_text(readme_markdown(targets, datasets, "/".join(reps)))
     m = bc.machine_description()
-    md = ["# Utility benchmark: dpspark families vs non-private k-means and diffprivlib", ""]
-    md.append(f"Command: `{args.command}`. {len(runs)} DP runs in {elapsed:.0f} s. Machine: {m['nproc']} CPUs "
-              f"({m['cpu']}), {m['memory_gb']} GB, Python {m['python']}; load average at the end "
-              f"{os.getloadavg()[0]:.1f} (shared machine).")
+    md = ["# Utility benchmark: dpspark (auto and every family) vs non-private k-means, diffprivlib and Google's LSH "
+          "clustering", ""]
+    md.append(f"{len(runs)} DP runs from {len(invocations)} invocation(s) appended into one table (`--append`):")
+    md.append("")
+    for inv in invocations:
+        md.append(f"- `{inv['command']}` ({inv.get('date', '')}): engine {inv['engine']}, datasets "
+                  f"{', '.join(inv['datasets'])}, {inv['runs']} runs in {inv['elapsed_s']:.0f} s"
+                  + (", SEEDED noise" if inv.get("seeded") else ""))
+    md.append("")
+    md.append(f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB, Python {m['python']}; load average at "
+              f"the end {os.getloadavg()[0]:.1f} (shared machine).")
     md.append("")
     md.append(bc.PUBLIC_BOUNDS_NOTE + " All costs are measured on the data scaled to [-1, 1]^d with these bounds.")
     md.append("")
@@ -592,61 +918,103 @@ def write_outputs(args, runs, datasets, baselines, peer_meta, out_dir: Path, ela
               "(k-means++, Lloyd, best of n_init=10) on the same data (1 = as good; lower is better). NICV = cost / N "
               "on [-1, 1]^d. Cells: median [25th, 75th percentile] over the repetitions.")
     md.append("")
-    md.append(f"Engine: `{args.engine}`. " + (
-        "dpspark methods run their real driver code (estimator validation, budget split, accountant, mechanisms, "
-        "coverage / Lloyd / LDP rounds, solvers) with the package's numpy reference aggregation instead of the "
-        "Spark passes (identical exact aggregates); the Spark fits are timed in `bench/results/scale/`."
-        if args.engine == "numpy" else "every dpspark run is `estimator.fit(spark_df)` on a local[2] session."))
-    md.append(f"Noise: {'SEEDED (reproducible, NOT private)' if args.seeded else 'secure (OpenDP) for dpspark; random_state=None for diffprivlib'}. "
-              f"maxcover: delta = {DELTA:g}; every other method: pure epsilon-DP. `ldp` is LOCAL DP (each user's own "
-              "report is epsilon-DP): a much stronger guarantee than the central model of the others.")
+    engines = sorted({inv["engine"] for inv in invocations})
+    notes = []
+    if "spark" in engines:
+        notes.append("`spark`: every dpspark run is `estimator.fit(spark_df)` on a local[2] session.")
+    if "numpy" in engines:
+        notes.append("`numpy`: dpspark methods run their real driver code (estimator validation, budget split, "
+                     "accountant, mechanisms, coverage / Lloyd / LDP rounds, solvers) with the package's numpy reference "
+                     "aggregation instead of the Spark passes (identical exact aggregates); `auto` runs only on Spark.")
+    md.append("Engine: " + " ".join(notes))
+    seeded = any(inv.get("seeded") for inv in invocations)
+    md.append(f"Noise: {'SEEDED in some invocations (reproducible, NOT private)' if seeded else 'secure (OpenDP) for dpspark; unseeded for the peers'}. "
+              f"maxcover and google_lsh: delta = {DELTA:g}; auto gets delta = {DELTA:g} and records what it spends; every "
+              "other method: pure epsilon-DP. `ldp` is LOCAL DP (each user's own report is epsilon-DP): a much stronger "
+              "guarantee than the central model of the others.")
     md.append("")
-    md.append("Datasets (n after subsampling; public bounds from the subsample): " + "; ".join(
-        f"{ds['name']} n={ds['x'].shape[0]}" + (f" (of {ds['n_full']})" if ds['x'].shape[0] < ds['n_full'] else "")
-        + f" d={ds['x'].shape[1]} k={ds['k']}" for ds in datasets) + f". Repetitions: {args.reps}. Epsilons: {args.epsilons}.")
-    if args.cuts:
+    md.append("Datasets (whole unless a row cap is shown; public bounds from the data used): " + "; ".join(
+        f"{ds['name']} n={ds['n']}" + (f" (of {ds['n_full']}, --max-rows {ds['max_rows']})" if ds['n'] < ds['n_full'] else "")
+        + f" d={ds['d']} k={ds['k']}" for ds in datasets) + ".")
+    no_grid = [ds["name"] for ds in datasets
+               if not any(r["dataset"] == ds["name"] and r["method"] == "maxcover_grid" for r in runs)
+               and any(r["dataset"] == ds["name"] and r["method"].startswith("maxcover") for r in runs)]
+    if no_grid:
         md.append("")
-        md.append("Cut to fit the time budget: " + args.cuts)
+        md.append(f"maxcover_grid is not run for {', '.join(no_grid)} (d above --grid-max-dim: about 120 s per run at "
+                  "d = 13 on this machine).")
     md.append("")
-    e_sum = min(args.epsilons, key=lambda e: abs(math.log(e)))
+    md.append(f"## Targets at epsilon = {TARGET_EPS:g} (and {', '.join(f'{e:g}' for e in TARGET_SIDE_EPS)})")
+    md.append("")
+    md.append(f"Median cost ratios. Best explicit = the lowest median at eps {TARGET_EPS:g} among "
+              f"{', '.join(EXPLICIT_METHODS)}. Better peer = the lower median of diffprivlib and google_lsh at that "
+              f"epsilon (diffprivlib at its NOMINAL epsilon: see its real spend below). (a) auto's excess (ratio - 1) "
+              f"<= {TARGET_EXCESS_FRACTION:g} x the better peer's excess at eps {TARGET_EPS:g}; (b) auto <= "
+              f"{TARGET_EXPLICIT_FACTOR:.2f} x the best explicit at eps {TARGET_EPS:g}; (c) auto <= the better peer at "
+              f"eps {' and '.join(f'{e:g}' for e in TARGET_SIDE_EPS)}. n/a = a number is missing (not run, or failed).")
+    md.append("")
+    md.append(targets_markdown(targets, summary))
+    md.append("")
+    e_sum = TARGET_EPS if TARGET_EPS in all_eps else (min(all_eps, key=lambda e: abs(math.log(e))) if all_eps else TARGET_EPS)
     md.append(f"## Summary at epsilon = {e_sum:g}: median cost ratio [IQR] (median NICV)")
     md.append("")
     methods = sorted({r["method"] for r in summary}, key=method_order)
-    header = ["method"] + [ds["name"] for ds in datasets]
+    header = ["method"] + names
     trows = []
     for method in methods:
         row = [method]
         for ds in datasets:
             r = next((r for r in summary if r["dataset"] == ds["name"] and r["method"] == method
                       and (r["epsilon"] == e_sum or (method == NONPRIVATE))), None)
-            row.append("-" if r is None else f"{cell(r, 'cost_ratio')} ({g(r['nicv_median'])})")
+            if r is None:
+                row.append("-")
+            elif r["failures"] == r["runs"]:
+                row.append("failed")
+            else:
+                row.append(f"{cell(r, 'cost_ratio')} ({g(r['nicv_median'])})")
         trows.append(row)
     md.append(bc.markdown_table(header, trows, ["l"] + ["r"] * len(datasets)))
     md.append("")
     for ds in datasets:
-        md.append(f"## {ds['name']} (n={ds['x'].shape[0]}, d={ds['x'].shape[1]}, k={ds['k']})")
+        md.append(f"## {ds['name']} (n={ds['n']}, d={ds['d']}, k={ds['k']})")
         md.append("")
         if f"cost_ratio_{ds['name']}.png" in plots:
             md.append(f"![cost ratio vs epsilon](cost_ratio_{ds['name']}.png)")
             md.append("")
         eps_list = sorted({r["epsilon"] for r in summary if r["dataset"] == ds["name"] and r["method"] != NONPRIVATE})
-        header = ["method", "metric"] + [f"eps={e:g}" for e in eps_list]
+        header = ["method", "metric"] + [f"eps={e:g}" for e in eps_list] + ["s/run"]
         trows = []
         for method in methods:
             if method == NONPRIVATE:
                 continue
+            secs = [r["seconds"] for r in runs if r["dataset"] == ds["name"] and r["method"] == method
+                    and np.isfinite(r["seconds"])]
             for metric in ("cost_ratio", "nicv"):
                 row = [method, metric]
                 for e in eps_list:
                     r = next((r for r in summary if r["dataset"] == ds["name"] and r["method"] == method and r["epsilon"] == e), None)
                     row.append("-" if r is None else cell(r, metric) + (f" ({r['failures']} failed)" if r["failures"] else ""))
+                row.append(g(np.median(secs)) if secs and metric == "cost_ratio" else "")
                 trows.append(row)
-        md.append(bc.markdown_table(header, trows, ["l", "l"] + ["r"] * len(eps_list)))
-        base = next(r for r in summary if r["dataset"] == ds["name"] and r["method"] == NONPRIVATE)
+        md.append(bc.markdown_table(header, trows, ["l", "l"] + ["r"] * (len(eps_list) + 1)))
         md.append("")
-        md.append(f"Non-private NICV: {g(base['nicv_median'], 4)}.")
+        md.append(f"Non-private NICV: {g(ds['baseline'] / ds['n'], 4)}.")
+        routes = {}
+        for r in runs:
+            if r["dataset"] == ds["name"] and r["method"] == AUTO and r.get("info"):
+                try:
+                    chosen = json.loads(r["info"]).get("chosen")
+                except ValueError:
+                    chosen = None
+                if chosen:
+                    routes.setdefault(f"eps={r['epsilon']:g}", {}).setdefault(chosen, 0)
+                    routes[f"eps={r['epsilon']:g}"][chosen] += 1
+        if routes:
+            md.append("auto's route: " + "; ".join(f"{e}: " + ", ".join(f"{c} x{n}" for c, n in v.items())
+                                                   for e, v in routes.items()) + ".")
         md.append("")
     md.append(peer_md)
+    md.append(google_section(state["peers"][GOOGLE]))
     errors = [r for r in runs if r.get("error")]
     if errors:
         md.append("## Failed runs")
@@ -658,95 +1026,135 @@ def write_outputs(args, runs, datasets, baselines, peer_meta, out_dir: Path, ela
             md.append(f"- {method}: `{err}` ({len(where)}x: {', '.join(sorted(set(where))[:6])})")
         md.append("")
     (out_dir / "results.md").write_text("\n".join(md) + "\n")
-    (out_dir / "meta.json").write_text(json.dumps({"command": args.command, "elapsed_s": elapsed, "machine": m,
-                                                   "peer": peer_meta.get("status"), "engine": args.engine,
-                                                   "reps": args.reps, "epsilons": args.epsilons}, indent=1, default=str))
-    return summary
+    (out_dir / "meta.json").write_text(json.dumps({"invocations": invocations, "machine": m}, indent=1, default=str))
+    return summary, targets
 
 
 # ---------------------------------------------------------------------------
 
 
+def run_dpspark(ds: dict, tasks, engine: str, workers: int, spark_engine) -> list[dict]:
+    if not tasks:
+        return []
+    if engine == "spark":
+        return spark_engine.run(ds, tasks)
+    # spawn, not fork: the parent ran scikit-learn (OpenMP threads); a forked child can deadlock on them.
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=([(ds["name"], ds["max_rows"])],),
+                             mp_context=ctx) as pool:
+        return list(pool.map(run_task, tasks, chunksize=1))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 small dataset, 2 epsilons, 2 reps")
-    ap.add_argument("--no-peer", action="store_true", help="skip diffprivlib")
+    ap.add_argument("--quick", action="store_true", help="CI smoke run: blood_transfusion capped at 2000 rows, numpy "
+                    "engine, eps 0.5 and 2, 2 reps, no auto")
+    ap.add_argument("--no-peer", action="store_true", help="skip both peers (diffprivlib and google_lsh)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--datasets", nargs="*", default=None)
-    ap.add_argument("--epsilons", nargs="*", type=float, default=None)
-    ap.add_argument("--max-rows", type=int, default=None, help="uniform subsample cap per dataset (full run: 10000)")
-    ap.add_argument("--methods", nargs="*", default=None)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--append", action="store_true", help="add to the table already in --out (runs.csv, datasets.json): "
+                    "this invocation's (dataset, method, epsilon) cells replace the same cells there, everything else "
+                    "is kept; results.md is regenerated from the whole table")
+    ap.add_argument("--reps", type=int, default=None, help="runs per (dataset, method, epsilon); default 5")
+    ap.add_argument("--datasets", nargs="*", default=None, help=f"default: {' '.join(FULL_DATASETS)}")
+    ap.add_argument("--epsilons", nargs="*", type=float, default=None, help=f"default: {EPSILONS}")
+    ap.add_argument("--max-rows", type=int, default=None, help="uniform subsample cap per dataset (default: whole)")
+    ap.add_argument("--methods", nargs="*", default=None, help=f"dpspark methods (default: {' '.join(DP_METHODS)})")
+    ap.add_argument("--workers", type=int, default=2, help="processes for the numpy engine")
     ap.add_argument("--grid-max-dim", type=int, default=10, help="skip maxcover_grid above this dimension")
-    ap.add_argument("--engine", choices=["numpy", "spark"], default="numpy")
+    ap.add_argument("--engine", choices=["numpy", "spark"], default=None, help="default spark (--quick: numpy)")
     ap.add_argument("--seeded", action="store_true", help="reproducible, NOT private noise (testing aid)")
     args = ap.parse_args(argv)
-    args.command = "python scripts/bench_utility.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python scripts/bench_utility.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.quick:
         args.datasets = args.datasets or QUICK_DATASETS
         args.epsilons = args.epsilons or [0.5, 2.0]
         args.reps = args.reps or 2
-        args.methods = args.methods or DP_METHODS
+        args.methods = args.methods or QUICK_METHODS
         args.max_rows = args.max_rows or 2000
+        args.engine = args.engine or "numpy"
     args.datasets = args.datasets or FULL_DATASETS
     args.epsilons = args.epsilons or EPSILONS
-    args.reps = args.reps or 10
+    args.reps = args.reps or 5
     args.methods = args.methods or DP_METHODS
-    args.max_rows = args.max_rows or 10000
+    args.engine = args.engine or "spark"
+    unknown = [n for n in args.datasets if n not in LOADER_ALIASES]
+    if unknown:
+        ap.error(f"unknown datasets {unknown}; known: {sorted(LOADER_ALIASES)}")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     t0 = time.perf_counter()
-    specs = [(n, args.max_rows) for n in args.datasets]
-    datasets = [load_dataset(n, m) for n, m in specs]
-    big = [ds["name"] for ds in datasets if ds["n_full"] > args.max_rows]
-    args.cuts = (f"datasets above {args.max_rows} rows are uniformly subsampled to {args.max_rows} rows (fixed seed) "
-                 f"before everything (bounds, baseline, DP runs): {', '.join(big) or 'none'}; the 24-dimensional "
-                 f"google_review_ratings and credit_card_clients, and unbalance / a3 / birch2 / skin_segmentation, are "
-                 f"not run (time); {args.reps} repetitions per cell." if not args.quick else "quick mode.")
-    baselines = {ds["name"]: bc.nonprivate_baseline(ds["unit"], ds["k"])[1] for ds in datasets}
-    # maxcover with the public GRID in d > 10: 1000 grid points in 13-D give 120 s per run here (huge
-    # signature histograms); skipped in the benchmark (documented in the report).
-    skip = {(ds["name"], "maxcover_grid") for ds in datasets if ds["x"].shape[1] > args.grid_max_dim}
-    tasks = [(ds["name"], method, eps, rep, args.seeded) for ds in datasets for eps in args.epsilons
-             for rep in range(args.reps) for method in args.methods if (ds["name"], method) not in skip]
-    if skip:
-        args.cuts += (f" maxcover_grid is not run for d > {args.grid_max_dim} ({', '.join(sorted(n for n, _ in skip))}): "
-                      "about 120 s per run at d = 13 on this machine.")
-    # Expensive tasks first so the pool's tail is short.
-    tasks.sort(key=lambda t: (0 if t[1].startswith("maxcover") else 1, -t[2]))
-    print(f"bench_utility: {len(tasks)} dpspark runs on {len(datasets)} datasets, engine {args.engine}", flush=True)
-    runs: list[dict] = []
-    if args.engine == "spark":
-        runs = run_spark_tasks(tasks, specs)
+    state = load_state(args.out if args.append else None)
+    invocation = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M"), "engine": args.engine,
+                  "datasets": list(args.datasets), "methods": list(args.methods), "epsilons": list(args.epsilons),
+                  "reps": args.reps, "seeded": args.seeded, "max_rows": args.max_rows, "runs": 0, "elapsed_s": 0.0}
+    state["invocations"].append(invocation)
+    pythons = {}
+    if args.no_peer:
+        for p in PEERS:
+            state["peers"][p]["status"] = {"skipped": "--no-peer"}
     else:
-        # spawn, not fork: the parent ran scikit-learn (OpenMP threads); a forked child can deadlock on them.
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=args.workers, initializer=_init_worker, initargs=(specs,), mp_context=ctx) as pool:
-            for i, row in enumerate(pool.map(run_task, tasks, chunksize=1), 1):
-                runs.append(row)
-                if i % max(1, len(tasks) // 20) == 0:
-                    print(f"  {i}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s", flush=True)
-    peer_meta: dict = {"status": {}}
-    if not args.no_peer:
-        py = ensure_peer_venv(peer_meta["status"])
-        if py is None:
-            print("bench_utility: peer venv unavailable: " + json.dumps(peer_meta["status"])[:500], flush=True)
-        else:
-            peer_meta["outputs"] = {}
-            for ds in datasets:
+        for p, ensure in ((PEER, ensure_peer_venv), (GOOGLE, ensure_google_venv)):
+            status: dict = {}
+            pythons[p] = ensure(status)
+            state["peers"][p]["status"] = status
+            if pythons[p] is None:
+                print(f"bench_utility: peer {p} skipped: " + json.dumps(status)[:500], flush=True)
+    spark_engine = SparkEngine() if args.engine == "spark" else None
+    print(f"bench_utility: {len(args.datasets)} datasets, methods {' '.join(args.methods)}, engine {args.engine}, "
+          f"epsilons {args.epsilons}, {args.reps} reps -> {args.out}" + (" (append)" if args.append else ""), flush=True)
+    try:
+        for name in args.datasets:
+            t_ds = time.perf_counter()
+            ds = load_dataset(name, args.max_rows)
+            ds["max_rows"] = args.max_rows
+            tb = time.perf_counter()
+            baseline = bc.nonprivate_baseline(ds["unit"], ds["k"])[1]
+            meta = dataset_meta(ds, baseline, time.perf_counter() - tb, args.max_rows)
+            old = state["datasets"].get(name)
+            if old and (old["n"] != meta["n"] or old.get("max_rows") != meta["max_rows"]):
+                print(f"  {name}: the table held n={old['n']} (max_rows {old.get('max_rows')}); now n={meta['n']}: its "
+                      "old runs are dropped", flush=True)
+                state["runs"] = [r for r in state["runs"] if r["dataset"] != name]
+            state["datasets"][name] = meta
+            # maxcover with the public GRID in d > grid_max_dim: 1000 grid points in 13-D give 120 s per run here.
+            methods = [m for m in args.methods if not (m == "maxcover_grid" and meta["d"] > args.grid_max_dim)]
+            tasks = [(name, m, e, r, args.seeded) for e in args.epsilons for r in range(args.reps) for m in methods]
+            tasks.sort(key=lambda t: (0 if t[1].startswith("maxcover") else 1, -t[2]))
+            new = run_dpspark(ds, tasks, args.engine, args.workers, spark_engine)
+            work = ROOT / ".cache" / "peer-work"
+            for p, runner in ((PEER, run_peer), (GOOGLE, run_google_peer)):
+                if pythons.get(p) is None:
+                    continue
                 try:
-                    rows, out = run_peer(py, ds, args.epsilons, args.reps, args.seeded, ROOT / ".cache" / "peer-work")
-                    runs.extend(rows)
-                    peer_meta["outputs"][ds["name"]] = out
+                    rows, out = runner(pythons[p], ds, args.epsilons, args.reps, args.seeded, work)
+                    new.extend(rows)
+                    out.pop("runs", None)
+                    state["peers"][p]["outputs"][name] = out
                 except Exception as exc:
-                    peer_meta["status"].setdefault("errors", []).append(f"{ds['name']}: {exc!r}"[:800])
-            print(f"  peer done, {time.perf_counter() - t0:.0f} s", flush=True)
-    else:
-        peer_meta["status"] = {"skipped": "--no-peer"}
-    elapsed = time.perf_counter() - t0
-    write_outputs(args, runs, datasets, baselines, peer_meta, args.out, elapsed)
-    failed = sum(1 for r in runs if r.get("error"))
-    print(f"bench_utility: wrote {args.out}/results.md, summary.csv ({len(runs)} runs, {failed} failed) in {elapsed:.0f} s")
+                    state["peers"][p]["status"].setdefault("errors", []).append(f"{name}: {exc!r}"[:800])
+            keys = {(r["dataset"], r["method"], r["epsilon"]) for r in new}
+            state["runs"] = [r for r in state["runs"] if (r["dataset"], r["method"], r["epsilon"]) not in keys] + new
+            invocation["runs"] += len(new)
+            invocation["elapsed_s"] = time.perf_counter() - t0
+            write_outputs(state, args.out)
+            per = {}
+            for r in new:
+                per.setdefault(r["method"], []).append(r["seconds"])
+            failed = sum(1 for r in new if r.get("error"))
+            print(f"  {name} (n={meta['n']}, d={meta['d']}, k={meta['k']}): {len(new)} runs ({failed} failed) in "
+                  f"{time.perf_counter() - t_ds:.0f} s; s/run: " +
+                  ", ".join(f"{m} {np.mean(v):.2f}" for m, v in sorted(per.items(), key=lambda kv: method_order(kv[0]))),
+                  flush=True)
+    finally:
+        if spark_engine is not None:
+            spark_engine.stop()
+    invocation["elapsed_s"] = time.perf_counter() - t0
+    summary, targets = write_outputs(state, args.out)
+    print()
+    print(f"Targets (median cost ratio, whole table in {args.out}):")
+    print(targets_markdown(targets, summary))
+    failed = sum(1 for r in state["runs"] if r.get("error"))
+    print(f"bench_utility: wrote {args.out}/results.md, summary.csv, readme_table.md ({len(state['runs'])} runs in the "
+          f"table, {failed} failed; this invocation {invocation['runs']} runs in {invocation['elapsed_s']:.0f} s)")
     return 0
 
 

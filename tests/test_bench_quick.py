@@ -81,7 +81,51 @@ def test_bench_utility_quick(tmp_path, datasets):
         assert float(r["cost_ratio_median"]) >= 0.99, r  # nothing beats the non-private best-of-10 by much
     md = (tmp_path / "results.md").read_text()
     assert "cost ratio" in md.lower() and "public" in md.lower()
+    assert "## Targets at epsilon = 1" in md and '"skipped": "--no-peer"' in md  # --no-peer skips both peers
+    assert {r["method"] for r in rows}.isdisjoint({"diffprivlib", "google_lsh", "auto"})  # quick: no peers, no auto
+    assert "| blood_transfusion (n=748" in (tmp_path / "readme_table.md").read_text()
     assert list(tmp_path.glob("cost_ratio_*.png"))
+    # --append: a second invocation adds its cells and keeps the others; results.md covers the whole table.
+    _run([str(SCRIPTS / "bench_utility.py"), "--quick", "--no-peer", "--append", "--epsilons", "1",
+          "--methods", "dplloyd_allocation_nk", "--out", str(tmp_path)], timeout=120, datasets=datasets)
+    _, rows2 = _rows(tmp_path / "summary.csv")
+    cells = {(r["method"], r["epsilon"]) for r in rows2}
+    assert {("dplloyd_allocation_nk", "0.5"), ("dplloyd_allocation_nk", "1.0"), ("dplloyd_allocation_nk", "2.0"),
+            ("maxcover_grid", "0.5"), ("ldp", "2.0")} <= cells
+    assert ("maxcover_grid", "1.0") not in cells
+    assert (tmp_path / "results.md").read_text().count("`python scripts/bench_utility.py --quick") == 2
+
+
+def _summary_row(dataset, method, eps, median, runs=5, failures=0):
+    return {"dataset": dataset, "method": method, "epsilon": eps, "cost_ratio_median": median, "runs": runs,
+            "failures": failures}
+
+
+def test_bench_utility_targets():
+    """The issue-14 target verdicts of the utility benchmark, on hand-made medians."""
+    sys.path.insert(0, str(SCRIPTS))
+    import bench_utility as bu
+
+    nan = float("nan")
+    summary = [_summary_row("x", m, e, v) for m, e, v in [
+        ("auto", 1.0, 1.09), ("maxcover_grid", 1.0, 1.05), ("dplloyd_average_k", 1.0, 1.02), ("ldp", 1.0, 1.01),
+        ("maxcover_private", 1.0, nan), ("diffprivlib", 1.0, 1.30), ("google_lsh", 1.0, 1.20),
+        ("auto", 0.5, 1.5), ("diffprivlib", 0.5, 1.6), ("google_lsh", 0.5, 1.4),
+        ("auto", 2.0, 1.05), ("diffprivlib", 2.0, 1.1),
+        ("auto", 1.0, 1.11), ("maxcover_grid", 1.0, 1.0)]]
+    for r in summary[-2:]:
+        r["dataset"] = "y"  # y: auto's excess 0.11 > half of the better peer's (no peer: n/a), > 1.10 x best explicit
+    summary += [_summary_row("y", "google_lsh", 1.0, 1.2), _summary_row("z", "maxcover_grid", 1.0, 2.0)]
+    x, y, z = bu.target_rows(summary, ["x", "y", "z"])
+    # ldp is not an explicit method; the all-failed (nan) maxcover_private is not a candidate
+    assert (x["best_explicit_method"], x["best_explicit"]) == ("dplloyd_average_k", 1.02)
+    assert x["better_peer"] == 1.20
+    assert x["a"] is True and x["b"] is True  # 0.09 <= 0.5 x 0.20; 1.09 <= 1.10 x 1.02
+    assert x["c_by_eps"] == {0.5: False, 2.0: True} and x["c"] is False  # 1.5 > min(1.6, 1.4)
+    assert y["a"] is False and y["b"] is False and y["c"] is None  # 0.11 > 0.10; 1.11 > 1.10 x 1.0; no side epsilons
+    assert z["a"] is None and z["b"] is None and z["best_explicit_method"] == "maxcover_grid"  # no auto run
+    md = bu.targets_markdown([x, y, z], summary)
+    assert md.count("FAIL") == 4 and "(0.5: FAIL, 2: pass)" in md and "n/a" in md  # x: (c) and its eps 0.5; y: (a), (b)
 
 
 def test_bench_scale_quick(tmp_path):
