@@ -30,10 +30,14 @@ OBJECTIVES = ("kmeans", "kmedian")
 # Families and the module that validates their keys (``validate_params``). A
 # family is listed here only once it works end to end.
 FAMILIES: dict[str, str] = {
+    "auto": "dpspark.auto.params",
     "dplloyd": "dpspark.dplloyd.params",
     "maxcover": "dpspark.maxcover.params",
     "ldp": "dpspark.ldp.params",
 }
+
+
+DEFAULT_ALGORITHM = "auto"  # algorithm.name when the config does not set it
 
 
 @dataclass(frozen=True)
@@ -376,7 +380,9 @@ def validate(raw: dict) -> Config:
     algo_raw = raw["algorithm"]
     if not isinstance(algo_raw, Mapping):
         raise ConfigError("algorithm", f"must be a mapping, got {algo_raw!r}")
-    name = algo_raw.get("name")
+    name = algo_raw.get("name", DEFAULT_ALGORITHM)
+    if name is None:
+        name = DEFAULT_ALGORITHM
     if name not in FAMILIES:
         raise ConfigError("algorithm.name", f"{name!r} is not available; allowed: {sorted(FAMILIES)}")
     family_raw = {k: v for k, v in algo_raw.items() if k not in ("name", "objective", "k") and v is not None}

@@ -49,9 +49,8 @@ from dpspark.progress import log, step
 
 __all__ = ["DPClustering", "DPClusteringModel", "DPClusteringSummary", "ParamError", "PARAMS"]
 
-# The family used when ``algorithm`` is not set. The config has no default for algorithm.name
-# today; when it gets one (e.g. "auto"), this is the one line to change.
-DEFAULT_ALGORITHM = "maxcover"
+# The family used when ``algorithm`` is not set: the config's own default.
+DEFAULT_ALGORITHM = config_mod.DEFAULT_ALGORITHM
 
 # Placeholders for the two config keys a DataFrame fit has no use for.
 _NO_INPUT_PATH = "<DataFrame given to DPClustering.fit>"

@@ -52,6 +52,7 @@ from dpspark.privacy.randomness import Randomness
 from dpspark.progress import log, step
 
 ESTIMATORS = {
+    "auto": "dpspark.auto.estimator:AutoClustering",
     "dplloyd": "dpspark.dplloyd.estimator:DPLloyd",
     "maxcover": "dpspark.maxcover.estimator:MaxCover",
     "ldp": "dpspark.ldp.estimator:LocalDP",
@@ -267,7 +268,9 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
                 f"epsilon={model.epsilon_spent!r}, delta={model.delta_spent!r}"
             )
         diagnostics = _diagnostics(spark, model, table.df) if config.diagnostics else None
-        record.update(epsilon_spent=model.epsilon_spent, delta_spent=model.delta_spent, charges=_json(model.charges))
+        record.update(epsilon_spent=model.epsilon_spent, delta_spent=model.delta_spent, charges=_json(model.charges),
+                      # the validated config, and what the fit chose from it (auto: its method and why)
+                      parameters=_json({**config.to_dict(), "fitted": model.parameters}))
         degenerate = _collapse(config, model)
         wrote_outputs = True  # from here a failure deletes what this attempt wrote
         with step("write centers table", timings):

@@ -1,0 +1,267 @@
+"""``AutoClustering``: the default (``algorithm.name: auto``). It picks the method from PUBLIC inputs.
+
+    model = AutoClustering(k=5, epsilon=1.0, delta=1e-6, domain=Domain(dim=24, lower=..., upper=...),
+                           features=("f0", ...)).fit(df)
+    model.info["auto"]   # what it chose and why
+
+The choice (``choose``) reads only the public inputs: d, k, the objective and the
+configured (epsilon, delta); never the data:
+
+- d <= ``GRID_MAX_DIM`` and delta > 0: maxcover with grid candidates (the best method in
+  2-3 dimensions in the project's benchmark, at every n measured), (epsilon, delta)-DP.
+- otherwise, k-means: the private LSH-tree coreset (``dpspark.auto.tree``) solved on the
+  driver as the start of a few DP Lloyd steps on the full data, pure epsilon-DP;
+- otherwise, k-median: the same coreset solved by weighted k-median, pure epsilon-DP.
+
+The configured delta is an upper bound for auto: a pure route spends (epsilon, 0) and
+says so; ``privacy_plan`` states what the run will spend before any data is read.
+
+Budget of the tree + Lloyd route (fractions of epsilon, public constants), in order:
+
+1. ``ROOT_SHARE``: the noisy row count n_hat (the tree's root). From here on the choices
+   read the public "signal" n_hat eps / (d k) (``signal``).
+2. the tree levels and the leaves' sums (plus any tree levels not used): ``SHARES``, or
+   ``SHARES_FEW_POINTS`` when the signal is below ``FEW_POINTS`` (then a Lloyd step on the
+   whole data is worth more than a finer coreset).
+3. the start: ``SOLUTIONS`` weighted k-means restarts on the coreset (post-processing); with a
+   signal of at least ``SELECT_MIN_SIGNAL`` one Spark pass computes their exact costs and
+   the exponential mechanism picks one (``dpspark.auto.selection``, ``SELECT_SHARE``);
+   otherwise the best on the coreset, free.
+4. the rest, split evenly over T Lloyd steps; T (1-3) from n_hat and the public d, k,
+   epsilon (``lloyd_steps``): a step helps only while the noise of a cluster mean, about
+   d k T / (n_hat eps_lloyd) per coordinate, stays small.
+
+k-median: steps 1-3, ``KMEDIAN_TREE_SHARE`` for the tree, the rest for the sums (less
+``SELECT_SHARE`` when the selection runs), weighted k-median on the coreset, no Lloyd step.
+
+A Lloyd step (the DP-Lloyd update of ``dpspark.dplloyd.core.noisy_update``, Su et al.'s
+split of the step's epsilon between the count vector (sensitivity 1) and the sum vector
+(L1 sensitivity d), one record in one cluster): exact counts and fixed-point sums per
+nearest center from one Spark pass, released with discrete Laplace; the new center is
+noisy sum / noisy count clipped into the domain; a cluster whose noisy count is below 1
+keeps its previous (released) center. Everything after a release is post-processing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpspark import solvers, tables
+from dpspark.auto import selection, tree
+from dpspark.dplloyd.core import noisy_update
+from dpspark.dplloyd.passes import spark_aggregate
+from dpspark.model import ClusteringModel
+from dpspark.privacy.accountant import Accountant
+from dpspark.privacy.domain import Domain
+from dpspark.privacy.randomness import Randomness
+from dpspark.progress import step
+
+GRID_MAX_DIM = 3
+ROOT_SHARE = 0.04
+# (tree, sums) shares of epsilon for k-means; the rest goes to the selection and the Lloyd steps.
+SHARES_FEW_POINTS = (0.17, 0.10)  # signal n_hat eps / (d k) below FEW_POINTS: the Lloyd step matters most
+SHARES = (0.26, 0.20)
+FEW_POINTS = 50.0
+KMEDIAN_TREE_SHARE = 0.50  # k-median (no Lloyd steps): the sums take the rest (0.46)
+SOLUTIONS = 10  # coreset solutions (weighted k-means restarts) ...
+SELECT_SHARE = 0.05  # ... chosen privately on the data with this share of epsilon ...
+SELECT_MIN_SIGNAL = 100.0  # ... when n_hat eps / (d k) is at least this (else: the best on the coreset, free)
+OBJECTIVES = ("kmeans", "kmedian")
+
+ROUTES = {
+    "maxcover_grid": "maxcover with grid candidates",
+    "tree_lloyd": "private LSH-tree coreset, then DP Lloyd steps",
+    "tree_kmedian": "private LSH-tree coreset, solved by weighted k-median",
+}
+
+
+def choose(dim: int, objective: str, delta: float) -> tuple[str, str]:
+    """(route, why) from public inputs only."""
+    if dim <= GRID_MAX_DIM and delta > 0:
+        return "maxcover_grid", (f"d={dim} <= {GRID_MAX_DIM} and delta={delta:g} > 0: a grid of candidates covers the domain "
+                                 "finely, and maxcover on it is the most accurate method measured in few dimensions")
+    why = (f"d={dim} > {GRID_MAX_DIM}: grid cells thin out in many dimensions, random hyperplane cells do not"
+           if dim > GRID_MAX_DIM else "delta=0: maxcover needs delta > 0, the tree route is pure epsilon-DP")
+    return ("tree_lloyd" if objective == "kmeans" else "tree_kmedian"), why
+
+
+def signal(noisy_n: float, dim: int, k: int, epsilon: float) -> float:
+    """n_hat eps / (d k): how many points per cluster and dimension the budget sees (public)."""
+    return max(noisy_n, 0.0) * epsilon / (dim * k)
+
+
+def lloyd_steps(noisy_n: float, dim: int, k: int, eps_lloyd: float) -> int:
+    """How many DP Lloyd steps the rest of the budget buys (public: n_hat is released)."""
+    noise = dim * k / max(noisy_n * eps_lloyd, 1e-12)
+    if noise > 0.02:
+        return 1
+    if noise > 0.005:
+        return 2
+    return 3
+
+
+class AutoClustering:
+    name = "auto"
+
+    def __init__(self, k: int, epsilon: float, delta: float, domain: Domain, features=("x", "y"), objective: str = "kmeans",
+                 privacy_unit: str | None = None, seed: int | None = None, randomness: Randomness | None = None):
+        self.k = k
+        self.epsilon = epsilon
+        self.delta = delta
+        self.domain = domain
+        self.features = tuple(features)
+        self.objective = objective
+        self.privacy_unit = privacy_unit
+        self.seed = seed
+        self.randomness = randomness
+
+    @classmethod
+    def from_config(cls, config, randomness: Randomness | None = None) -> "AutoClustering":
+        return cls(k=config.algorithm.k, epsilon=config.privacy.epsilon, delta=config.privacy.delta,
+                   domain=Domain.from_config(config.domain), features=config.input.features,
+                   objective=config.algorithm.objective, privacy_unit=config.input.privacy_unit, seed=config.seed,
+                   randomness=randomness)
+
+    # -- validation (one place) ------------------------------------------------
+
+    def _validated(self) -> tuple[str, str]:
+        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
+            raise ValueError(f"k={self.k!r} should be an integer >= 1")
+        if not isinstance(self.epsilon, (int, float)) or isinstance(self.epsilon, bool) or not (self.epsilon > 0) or math.isinf(self.epsilon):
+            raise ValueError(f"epsilon={self.epsilon!r} should be a finite number > 0")
+        if not isinstance(self.delta, (int, float)) or isinstance(self.delta, bool) or not (0 <= self.delta < 1):
+            raise ValueError(f"delta={self.delta!r} should be in [0, 1) (an upper bound: auto may spend less)")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r} should be one of {list(OBJECTIVES)}")
+        if len(self.features) not in (1, self.domain.dim):
+            raise ValueError(f"features={list(self.features)} should name {self.domain.dim} columns or one array column")
+        return choose(self.domain.dim, self.objective, float(self.delta))
+
+    def privacy_plan(self) -> tuple[float, float]:
+        """(epsilon, delta) that ``fit`` will spend: public, known before any data is read."""
+        route, _ = self._validated()
+        return (float(self.epsilon), float(self.delta)) if route == "maxcover_grid" else (float(self.epsilon), 0.0)
+
+    # -- fit -----------------------------------------------------------------------
+
+    def fit(self, df, timings: dict | None = None, operational: dict | None = None) -> ClusteringModel:
+        route, why = self._validated()
+        timings = {} if timings is None else timings
+        randomness = self.randomness or Randomness(self.seed)
+        if route == "maxcover_grid":
+            model = self._maxcover(randomness).fit(df, timings=timings, operational=operational)
+            chosen = {"route": route, "method": ROUTES[route], "why": why}
+            model.algorithm = self.name
+            model.parameters = {"k": self.k, "objective": self.objective, "chosen": route, "why": why,
+                                **{key: v for key, v in model.parameters.items() if key not in ("k", "objective")}}
+            model.info = {**model.info, "auto": chosen}
+            return model
+        return self._tree(df, route, why, randomness, timings, operational)
+
+    def _maxcover(self, randomness: Randomness):
+        from dpspark.maxcover.estimator import MaxCover
+
+        return MaxCover(k=self.k, epsilon=self.epsilon, delta=self.delta, domain=self.domain, features=self.features,
+                        objective=self.objective, candidates="grid", privacy_unit=self.privacy_unit, seed=self.seed,
+                        randomness=randomness)
+
+    def _tree(self, df, route: str, why: str, randomness: Randomness, timings: dict, operational: dict | None) -> ClusteringModel:
+        unit_df, feature_names = tables.prepare_points(df, self.features, self.privacy_unit, self.domain, randomness.run_key)
+        columns = tables.unit_columns(self.domain.dim)
+        cached = unit_df.persist()
+        try:
+            return self.fit_aggregates(tree.spark_tree_aggregates(cached, columns, timings=timings),
+                                       spark_aggregate(cached, columns), selection.spark_costs(cached, columns, timings),
+                                       feature_names, randomness, timings, operational)
+        finally:
+            cached.unpersist()
+
+    def fit_aggregates(self, tree_aggregate, lloyd_aggregate, costs, feature_names, randomness: Randomness | None = None,
+                       timings: dict | None = None, operational: dict | None = None) -> ClusteringModel:
+        """The tree routes on given exact aggregations (Spark passes in ``fit``; numpy references in tests).
+
+        ``tree_aggregate(w, b)`` as ``tree.spark_tree_aggregates``; ``lloyd_aggregate(centers)`` as
+        ``dplloyd.passes.spark_aggregate``; ``costs(solutions, power, cap)`` as ``selection.spark_costs``.
+        """
+        route, why = self._validated()
+        if route == "maxcover_grid":
+            raise ValueError("fit_aggregates runs the tree routes only")
+        timings = {} if timings is None else timings
+        randomness = randomness or self.randomness or Randomness(self.seed)
+        epsilon = float(self.epsilon)
+        accountant = Accountant(epsilon, 0.0, randomness.noise)
+        rng = randomness.public_rng("auto")
+        k, dim = int(self.k), self.domain.dim
+        passes = {"tree": 1, "selection": 0, "lloyd": 0}
+        eps_root = ROOT_SHARE * epsilon
+
+        def split(noisy_n: float) -> tuple[float, float]:  # from public inputs and the released row count
+            if route == "tree_kmedian":
+                select = SELECT_SHARE * epsilon if signal(noisy_n, dim, k, epsilon) >= SELECT_MIN_SIGNAL else 0.0
+                return KMEDIAN_TREE_SHARE * epsilon, epsilon - eps_root - KMEDIAN_TREE_SHARE * epsilon - select
+            tree_share, sums_share = SHARES_FEW_POINTS if signal(noisy_n, dim, k, epsilon) < FEW_POINTS else SHARES
+            return tree_share * epsilon, sums_share * epsilon
+
+        coreset = tree.private_coreset(tree_aggregate, self.domain, k, eps_root, split, accountant, rng)
+        centers, weights, chosen_solution = self._start(coreset, route, accountant, rng, costs, epsilon, passes)
+        steps = 0
+        if route == "tree_lloyd":
+            centers, weights, steps = self._lloyd(centers, weights, coreset.noisy_n, accountant, lloyd_aggregate, timings, passes)
+        accountant.finish()
+        if operational is not None:
+            operational["spark_passes"] = sum(passes.values())
+            operational["passes_by_kind"] = passes
+        chosen = {"route": route, "method": ROUTES[route], "why": why, "noisy_rows": coreset.noisy_n,
+                  "tree": coreset.info, "start": chosen_solution, "lloyd_steps": steps,
+                  "delta_note": "pure epsilon-DP: spends no delta"
+                  + (f" (configured delta={self.delta:g} is an upper bound)" if self.delta > 0 else "")}
+        return ClusteringModel(
+            algorithm=self.name, objective=self.objective, centers=self.domain.from_unit(centers),
+            noisy_weights=np.asarray(weights, dtype=np.float64), epsilon_spent=accountant.spent_epsilon,
+            delta_spent=accountant.spent_delta, charges=accountant.summary(), domain=self.domain, features=self.features,
+            feature_names=list(feature_names),
+            parameters={"k": k, "objective": self.objective, "chosen": route, "why": why, "start": chosen_solution,
+                        "lloyd_steps": steps, "spends": "epsilon only (pure epsilon-DP)"},
+            info={"auto": chosen, "randomness": randomness.describe()},
+        )
+
+    def _start(self, coreset, route, accountant, rng, costs, epsilon, passes):
+        """k centers from the released coreset: SOLUTIONS restarts, the best chosen on the coreset (free) or,
+        with enough signal, privately on the data (``selection``)."""
+        k, dim = int(self.k), self.domain.dim
+        if coreset.points.shape[0] == 0 or not (coreset.weights > 0).any():
+            return self.domain.sample_unit(rng, k), np.zeros(k), "public random points (the tree released no leaf)"
+        power = 2 if route == "tree_lloyd" else 1
+        solve = solvers.weighted_kmeans if power == 2 else solvers.weighted_kmedian
+        solutions = [solve(coreset.points, coreset.weights, k, rng, n_init=1) for _ in range(SOLUTIONS)]
+        centers = np.stack([self.domain.clip_unit(np.asarray(c, dtype=np.float64)) for c, _ in solutions])
+        if signal(coreset.noisy_n, dim, k, epsilon) >= SELECT_MIN_SIGNAL:
+            i = selection.select_solution(costs, centers, self.domain, power, SELECT_SHARE * epsilon, accountant)
+            passes["selection"] += 1
+            how = f"solution {i + 1} of {SOLUTIONS} on the coreset, chosen privately by its cost on the data"
+        else:
+            coreset_costs = [solvers.weighted_cost(coreset.points, coreset.weights, c, power) for c in centers]
+            i = int(np.argmin(coreset_costs))
+            how = f"the best of {SOLUTIONS} solutions by their cost on the coreset"
+        return centers[i], np.asarray(solutions[i][1], dtype=np.float64), how
+
+    def _lloyd(self, centers, weights, noisy_n, accountant, aggregate, timings, passes):
+        """DP Lloyd steps on the data with the rest of the budget."""
+        eps_lloyd = accountant.remaining_epsilon
+        steps = lloyd_steps(noisy_n, self.domain.dim, int(self.k), eps_lloyd)
+        shares = [eps_lloyd / steps] * (steps - 1)
+        shares.append(eps_lloyd - math.fsum(shares))
+        for t, eps_t in enumerate(shares, start=1):
+            with step(f"auto pass: DP Lloyd step {t}/{steps}", timings):
+                exact_counts, exact_sums = aggregate(centers)
+            passes["lloyd"] += 1
+            noisy_counts, noisy_sums = noisy_update(exact_counts, exact_sums, eps_t, "su", accountant, f"auto: Lloyd step {t}/{steps}")
+            # Post-processing: a cluster with a noisy count below 1 keeps its previous (released) center.
+            ok = noisy_counts >= 1.0
+            new = centers.copy()
+            new[ok] = noisy_sums[ok] / noisy_counts[ok, None]
+            centers = self.domain.clip_unit(new)
+            weights = np.maximum(noisy_counts, 0.0)
+        return centers, weights, steps
