@@ -648,7 +648,7 @@ def write_plots(summary, datasets, out_dir: Path) -> list[str]:
     return files
 
 
-def peer_section(peer_meta: dict, datasets: list[dict], epsilons) -> tuple[str, list[dict]]:
+def peer_section(peer_meta: dict, datasets: list[dict]) -> tuple[str, list[dict]]:
     """diffprivlib's real spend; ``peer_meta`` = {"status": ..., "outputs": {dataset: runner output without runs}}."""
     if not peer_meta.get("outputs"):
         return "## Peer privacy spend: diffprivlib\n\nPeer not run: " + json.dumps(peer_meta.get("status", {})) + "\n", []
@@ -678,8 +678,7 @@ def peer_section(peer_meta: dict, datasets: list[dict], epsilons) -> tuple[str, 
                  "clusters' counts change: the count part doubles).")
     lines.append("")
     rows = []
-    e1 = min(epsilons, key=lambda e: abs(math.log(e))) if epsilons else 1.0
-    header = ["dataset", "d", "n", "c = cbrt(4 d rho^2)", f"T (iters) at eps={e1:g}", f"actual eps at eps={e1:g} (calibrated)",
+    header = ["dataset", "d", "n", "c = cbrt(4 d rho^2)", "nominal eps", "T (iters)", "actual eps (calibrated)",
               "actual / nominal", "add/remove", "replace-one", "diffprivlib's accountant records"]
     table = []
     for ds in datasets:
@@ -688,10 +687,12 @@ def peer_section(peer_meta: dict, datasets: list[dict], epsilons) -> tuple[str, 
             continue
         d = ds["d"]
         c = float(np.cbrt(4 * d * 0.225 ** 2))
-        for eps in epsilons:
-            b = out["budget"].get(repr(float(eps)))
-            if b is None:
-                continue
+        eps_run = sorted(float(e) for e in out["budget"])
+        if not eps_run:
+            continue
+        e1 = min(eps_run, key=lambda e: abs(math.log(e)))  # the table row: the epsilon run closest to 1
+        for eps in eps_run:
+            b = out["budget"][repr(eps)]
             a = peer_actual_epsilon(d, b, ds)
             rows.append({"dataset": ds["name"], "d": d, "n": ds["n"], "nominal_epsilon": eps, "iters": a["T"],
                          "count_eps_per_iter": b["split_first"], "sum_eps_per_coord_per_iter": b["split_second"],
@@ -699,9 +700,9 @@ def peer_section(peer_meta: dict, datasets: list[dict], epsilons) -> tuple[str, 
                          "actual_epsilon_add_remove": a["add_remove"], "actual_epsilon_replace_one": a["replace_one"],
                          "ratio_actual_to_nominal": a["calibrated"] / eps})
             if eps == e1:
-                table.append([ds["name"], d, ds["n"], f"{c:.3f}", a["T"], f"{a['calibrated']:.4g}",
+                table.append([ds["name"], d, ds["n"], f"{c:.3f}", f"{eps:g}", a["T"], f"{a['calibrated']:.4g}",
                               f"{a['calibrated'] / eps:.3f}", f"{a['add_remove']:.4g}", f"{a['replace_one']:.4g}", f"{eps:g}"])
-    lines.append(bc.markdown_table(header, table, ["l", "r", "r", "r", "r", "r", "r", "r", "r", "r"]))
+    lines.append(bc.markdown_table(header, table, ["l"] + ["r"] * 10))
     lines.append("")
     lines.append("The ratio actual/nominal does not depend on eps or T (every eps in `peer_privacy.csv`). "
                  "Formula check for other d: d=2: 0.905, d=10: 1.212, d=24: 1.623.")
@@ -890,7 +891,7 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
             w.writerow({c: r[c] for c in CSV_COLUMNS})
     plots = write_plots(summary, datasets, out_dir)
     all_eps = sorted({r["epsilon"] for r in runs})
-    peer_md, peer_rows = peer_section(state["peers"][PEER], datasets, all_eps)
+    peer_md, peer_rows = peer_section(state["peers"][PEER], datasets)
     if peer_rows:
         with open(out_dir / "peer_privacy.csv", "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(peer_rows[0]))
@@ -1128,6 +1129,9 @@ def main(argv=None) -> int:
                     rows, out = runner(pythons[p], ds, args.epsilons, args.reps, args.seeded, work)
                     new.extend(rows)
                     out.pop("runs", None)
+                    prev = state["peers"][p]["outputs"].get(name) or {}
+                    if "budget" in out:  # diffprivlib's per-epsilon budgets of earlier invocations stay (--append)
+                        out["budget"] = {**prev.get("budget", {}), **out["budget"]}
                     state["peers"][p]["outputs"][name] = out
                 except Exception as exc:
                     state["peers"][p]["status"].setdefault("errors", []).append(f"{name}: {exc!r}"[:800])
