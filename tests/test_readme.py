@@ -196,6 +196,11 @@ def config_reference() -> dict:
     return yaml.safe_load(blocks[0].body), blocks[0].body
 
 
+# The README's comment on privacy.delta (two lines: the default, auto's upper bound, then each family).
+DELTA_COMMENT = re.compile(r"^  delta: .*# in \[0, 1\), default 0; auto: an upper bound, it may spend 0;\n"
+                           r" +# maxcover needs > 0, dplloyd 0, ldp ignores it$", re.M)
+
+
 def family_keys(name: str) -> tuple[str, ...]:
     return tuple(importlib.import_module(config_mod.FAMILIES[name]).KEYS)
 
@@ -230,11 +235,15 @@ def test_config_reference_names_every_key(monkeypatch):
 @pytest.mark.parametrize("family", sorted(config_mod.FAMILIES))
 def test_config_reference_validates_for_each_family(family, monkeypatch):
     """The block, with algorithm.name set to each family and only that family's keys, is accepted by
-    dpspark.config.validate, and the README's comment on privacy.delta holds: default 0, maxcover
-    needs > 0 (the block's 1e-6), dplloyd 0 (refuses the block's 1e-6), ldp ignores it."""
+    dpspark.config.validate, and the README's comment on privacy.delta holds: default 0; auto takes
+    no family key and accepts both 0 and the block's 1e-6 (an upper bound: its plan may spend less);
+    maxcover needs > 0 (the block's 1e-6), dplloyd 0 (refuses the block's 1e-6), ldp ignores it."""
+    from dpspark.runner import estimator_class
+
     monkeypatch.delenv(config_mod.LEDGER_ENV, raising=False)
     raw, body = config_reference()
-    assert re.search(r"^  delta: .*default 0: maxcover needs > 0, dplloyd 0, ldp ignores it", body, re.M)
+    assert DELTA_COMMENT.search(body), "the README's comment on privacy.delta changed: update it and this test"
+    assert raw["algorithm"]["name"] == config_mod.DEFAULT_ALGORITHM == "auto"
     mine = copy.deepcopy(raw)
     keep = {"name", "objective", "k", *family_keys(family)}
     mine["algorithm"] = {k: v for k, v in raw["algorithm"].items() if k in keep}
@@ -253,6 +262,12 @@ def test_config_reference_validates_for_each_family(family, monkeypatch):
             config_mod.validate(no_delta)
     else:
         assert config_mod.validate(no_delta).privacy.delta == 0.0
+    if family == "auto":
+        assert family_keys("auto") == ()
+        # delta is an upper bound: the plan never spends more, and with delta 0 spends none.
+        eps, delta = estimator_class("auto").from_config(cfg).privacy_plan()
+        assert eps == cfg.privacy.epsilon and delta <= cfg.privacy.delta
+        assert estimator_class("auto").from_config(config_mod.validate(no_delta)).privacy_plan() == (eps, 0.0)
     # A key of another family is refused (so the validation above is not vacuous).
     other = next(k for f in sorted(config_mod.FAMILIES) if f != family for k in family_keys(f) if k not in keep)
     with pytest.raises(ConfigError):
@@ -321,6 +336,9 @@ def test_quickstart_demo_ran(scratch):
     summary = json.loads((scratch.root / "out" / "demo" / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["private"] is True
     assert len(summary["centers"]) == 5
+    # The demo runs the default, auto; in 2 dimensions with delta > 0 it chooses maxcover on a grid.
+    assert summary["algorithm"] == "auto" and summary["parameters"]["chosen"] == "maxcover_grid"
+    assert summary["parameters"]["why"] and summary["delta_spent"] == pytest.approx(1e-6)
 
 
 def test_running_a_job_block(scratch):
