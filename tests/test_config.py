@@ -18,24 +18,25 @@ def base():
 
 def test_demo_config_validates():
     cfg = load_config("conf/demo.yaml")
-    assert cfg.algorithm.name == "maxcover" and cfg.algorithm.k == 5
+    assert cfg.algorithm.name == "auto" and cfg.algorithm.k == 5 and cfg.algorithm.objective == "kmeans"
     assert cfg.domain.lower == (0.0, 0.0) and cfg.domain.upper == (100.0, 100.0)
-    assert cfg.algorithm.params.candidates == "private"
     assert cfg.privacy.ledger == "out/demo/ledger" and cfg.privacy.delta == 1e-6
     assert cfg.privacy.budget is None  # the cap is the ledger's (scripts/demo.sh sets it)
     assert cfg.seed is None and not cfg.unsafe_fixed_seed and not cfg.diagnostics
-    # The comment's "try the other family" command, with its overrides exactly as written.
-    command = [line for line in open("conf/demo.yaml") if "dpspark run --config conf/demo.yaml" in line]
-    assert len(command) == 1
-    sets = [word.strip() for word in command[0].split("--set")[1:]]
-    assert sets == ["algorithm.name=dplloyd", "privacy.delta=0", "algorithm.candidates=null"]
-    other = load_config("conf/demo.yaml", sets)
-    assert other.algorithm.params.variant == "allocation_nk" and other.algorithm.params.iterations == 12
+    # The comment's "try another family" commands, with their overrides exactly as written.
+    commands = [line for line in open("conf/demo.yaml") if "dpspark run --config conf/demo.yaml" in line]
+    sets = [[word.strip() for word in command.split("--set")[1:]] for command in commands]
+    assert sets == [["algorithm.name=maxcover", "algorithm.candidates=private"],
+                    ["algorithm.name=dplloyd", "privacy.delta=0"]]
+    maxcover = load_config("conf/demo.yaml", sets[0])
+    assert maxcover.algorithm.name == "maxcover" and maxcover.algorithm.params.candidates == "private"
+    dplloyd = load_config("conf/demo.yaml", sets[1])
+    assert dplloyd.algorithm.params.variant == "allocation_nk" and dplloyd.algorithm.params.iterations == 12
 
 
 def test_set_overrides_any_key_and_parses_lists():
     cfg = load_config("conf/demo.yaml", ["algorithm.k=7", "domain.lower=1,2", "domain.upper=[50, 60]",
-                                         "algorithm.name=dplloyd", "privacy.delta=0", "algorithm.candidates=null",
+                                         "algorithm.name=dplloyd", "privacy.delta=0",
                                          "algorithm.variant=average_k", "privacy.epsilon=0.5", "seed=3",
                                          "unsafe_fixed_seed=true"])
     assert cfg.algorithm.k == 7 and cfg.domain.lower == (1.0, 2.0) and cfg.domain.upper == (50.0, 60.0)
@@ -140,3 +141,43 @@ def test_every_family_is_registered_with_an_estimator():
     from dpspark.runner import ESTIMATORS
 
     assert set(FAMILIES) == set(ESTIMATORS)
+
+
+def test_auto_is_the_default_and_takes_no_family_key():
+    """No algorithm.name: auto. auto chooses its own parameters, so a family key is refused, naming it."""
+    from dpspark.config import DEFAULT_ALGORITHM
+
+    raw = base()
+    del raw["algorithm"]["name"]
+    cfg = validate(raw)
+    assert DEFAULT_ALGORITHM == "auto" and cfg.algorithm.name == "auto" and cfg.algorithm.k == 3
+    raw["algorithm"]["name"] = None  # null counts as absent
+    assert validate(raw).algorithm.name == "auto"
+    for key, value in (("candidates", "private"), ("variant", "average_k"), ("mode", "simulate")):
+        raw = base()
+        raw["algorithm"] = {"k": 3, key: value}
+        with pytest.raises(ConfigError) as err:
+            validate(raw)
+        assert err.value.key == f"algorithm.{key}" and f"'algorithm.{key}'" in str(err.value)
+        assert "auto" in str(err.value)
+
+
+@pytest.mark.parametrize("dim, objective, delta, spends", [
+    (2, "kmeans", 1e-6, (1.0, 1e-6)),  # maxcover with grid candidates: (epsilon, delta)
+    (3, "kmedian", 1e-6, (1.0, 1e-6)),
+    (2, "kmeans", 0.0, (1.0, 0.0)),  # delta 0: the pure tree route, accepted
+    (5, "kmeans", 1e-6, (1.0, 0.0)),  # many dimensions: pure epsilon-DP, the configured delta an upper bound
+    (5, "kmedian", 1e-6, (1.0, 0.0)),
+    (5, "kmeans", 0.0, (1.0, 0.0)),
+])
+def test_auto_privacy_plan_from_public_inputs(dim, objective, delta, spends):
+    from dpspark.runner import estimator_class
+
+    raw = base()
+    raw["input"]["features"] = [f"f{j}" for j in range(dim)]
+    raw["domain"] = {"lower": [0] * dim, "upper": [1] * dim}
+    raw["privacy"] = {"epsilon": 1.0, "delta": delta}
+    raw["algorithm"] = {"k": 3, "objective": objective}
+    cfg = validate(raw)
+    assert cfg.algorithm.name == "auto" and cfg.privacy.delta == delta
+    assert estimator_class("auto").from_config(cfg).privacy_plan() == spends

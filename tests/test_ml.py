@@ -1,6 +1,7 @@
 """dpspark.ml: DPClustering / DPClusteringModel as pyspark.ml stages (issue 16, items 1, 2 and Ivy's chatter).
 
-One seeded maxcover fit (module fixture) inside Pipeline([VectorAssembler, DPClustering]) over a
+One seeded fit of the default family (module fixture: auto, which in 2 dimensions with delta > 0
+runs maxcover with grid candidates) inside Pipeline([VectorAssembler, DPClustering]) over a
 Delta table with a ledger; the other tests reuse it or stop before any fit (refusals, Param errors).
 The seed needs unsafeFixedSeed=True: these fits are NOT PRIVATE (reproducible on purpose).
 """
@@ -33,8 +34,9 @@ CAP = (5.0, 1e-5)
 
 
 def _estimator(**extra):
-    params = dict(k=3, epsilon=1.0, delta=1e-6, lower=LOWER, upper=UPPER, candidateCount=64, seed=7,
-                  unsafeFixedSeed=True)
+    """An explicit maxcover stage (family options such as candidateCount need a named family)."""
+    params = dict(k=3, epsilon=1.0, delta=1e-6, lower=LOWER, upper=UPPER, algorithm="maxcover", candidateCount=64,
+                  seed=7, unsafeFixedSeed=True)
     params.update(extra)
     return DPClustering(**params)
 
@@ -43,8 +45,9 @@ def _estimator(**extra):
 def fitted(spark, tmp_path_factory):
     """Pipeline([VectorAssembler, DPClustering]) fitted on a Delta table, charged to a ledger.
 
-    The caller's session has spark.sql.shuffle.partitions=37 during the fit: the family's fit must
-    see the estimator's own setting, and 37 must be back afterwards.
+    The stage sets no algorithm: the default, auto, which here (d = 2, delta > 0) runs maxcover with
+    grid candidates. The caller's session has spark.sql.shuffle.partitions=37 during the fit: the
+    family's fit must see the estimator's own setting, and 37 must be back afterwards.
     """
     from pyspark.ml import Pipeline
     from pyspark.ml.feature import VectorAssembler
@@ -74,8 +77,10 @@ def fitted(spark, tmp_path_factory):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(mc.MaxCover, "fit", spy)
             df = spark.read.format("delta").load(table)
-            pipeline = Pipeline(stages=[VectorAssembler(inputCols=["x", "y"], outputCol="features"),
-                                        _estimator(ledgerPath=ledger_path, ledgerInput=table)])
+            default = DPClustering(k=3, epsilon=1.0, delta=1e-6, lower=LOWER, upper=UPPER, seed=7, unsafeFixedSeed=True,
+                                   ledgerPath=ledger_path, ledgerInput=table)
+            assert not default.isSet(default.algorithm)
+            pipeline = Pipeline(stages=[VectorAssembler(inputCols=["x", "y"], outputCol="features"), default])
             model = pipeline.fit(df)
         after = spark.conf.get(key_conf)
     finally:
@@ -97,7 +102,10 @@ def test_pipeline_fit_charges_the_ledger_and_round_trips_through_save_load(spark
     centers = stage.clusterCenters()
     assert len(centers) == 3 and all(isinstance(c, np.ndarray) and c.shape == (2,) for c in centers)
     s = stage.summary
-    assert s.algorithm == "maxcover" and s.k == 3 and s.guarantee == "central"
+    assert s.algorithm == "auto" and s.k == 3 and s.guarantee == "central"
+    # auto's choice, from public inputs only, is in the released parameters: maxcover's spy above saw the fit.
+    assert s.parameters["chosen"] == "maxcover_grid" and s.parameters["why"].strip()
+    assert "partitions" in fitted["seen"]
     assert math.isclose(s.epsilonSpent, 1.0) and math.isclose(s.deltaSpent, 1e-6)
     assert math.isclose(sum(c["epsilon"] for c in s.charges), 1.0)
     assert s.private is False and "NOT PRIVATE" in s.privacyNote  # seeded on purpose
@@ -258,6 +266,7 @@ def test_explain_params_documents_every_param_and_every_family_option():
     (dict(upper=[10.0]), "upper"),
     (dict(epsilon=-1.0), "epsilon"),
     (dict(delta=0.0), "delta"),  # maxcover needs delta > 0
+    (dict(algorithm="auto"), "candidateCount"),  # auto chooses its own parameters: no family option
     (dict(unsafeFixedSeed=False), "seed"),
     (dict(epsSplit=[0.5, 0.5, 0.5]), "epsSplit"),
     (dict(algorithm="dplloyd", candidateCount=None, delta=0.0, iterations=2), "iterations"),
@@ -302,27 +311,28 @@ def test_defaults_are_the_cli_config_defaults():
 input: {path: data/points, features: [features]}
 domain: {lower: [0.0, 0.0], upper: [10.0, 10.0]}
 privacy: {delta: 1.0e-6}
-algorithm: {name: maxcover, k: 3}
+algorithm: {k: 3}
 output: {path: out}
 """
     cli = config_mod.validate(yaml.safe_load(yaml_text))
+    assert cli.algorithm.name == est.getAlgorithm() == "auto"  # the default family, both ways
     ours = est.toConfig()
     assert ours.algorithm == cli.algorithm and ours.privacy == cli.privacy and ours.domain == cli.domain
     assert (ours.seed, ours.unsafe_fixed_seed) == (cli.seed, cli.unsafe_fixed_seed)
     assert est.getObjective() == cli.algorithm.objective == "kmeans"
     assert est.getEpsilon() == cli.privacy.epsilon
-    # Each family's defaults too (dplloyd with the config's default delta, 0).
-    for name, extra in (("dplloyd", {}), ("ldp", {})):
+    # Each family's defaults too (maxcover with delta 1e-6, the others with the config's default, 0).
+    for name, extra in (("auto", {}), ("maxcover", {"delta": 1e-6}), ("dplloyd", {}), ("ldp", {})):
         raw = yaml.safe_load(yaml_text)
         raw["algorithm"]["name"] = name
-        raw["privacy"] = {}
+        raw["privacy"] = dict(extra)
         cli = config_mod.validate(raw)
         ours = DPClustering(k=3, lower=LOWER, upper=UPPER, algorithm=name, **extra).toConfig()
         assert ours.algorithm == cli.algorithm and ours.privacy == cli.privacy
     # A family option set on the Param reaches the family exactly as the YAML key would.
     raw = yaml.safe_load(yaml_text)
-    raw["algorithm"].update(candidates="grid", candidate_count=100)
-    assert DPClustering(k=3, lower=LOWER, upper=UPPER, delta=1e-6, candidates="grid",
+    raw["algorithm"].update(name="maxcover", candidates="grid", candidate_count=100)
+    assert DPClustering(k=3, lower=LOWER, upper=UPPER, delta=1e-6, algorithm="maxcover", candidates="grid",
                         candidateCount=100).toConfig().algorithm == config_mod.validate(raw).algorithm
 
 
