@@ -66,7 +66,7 @@ def spark_costs(df, columns: list[str], timings: dict | None = None):
 
 def select_solution(costs, solutions: np.ndarray, domain: Domain, power: int, eps_select: float,
                     accountant: Accountant, label: str = "auto") -> int:
-    """Index of the chosen solution; charges eps_select (exponential mechanism, monotone, sensitivity Delta^p)."""
+    """Index of the chosen solution; charges eps_select (exponential mechanism, monotone, sensitivity ``cost_cap``)."""
     cap = cost_cap(domain, power)
     exact_costs = costs(solutions, power, cap)
     mech = ExponentialMechanism(eps_select, sensitivity=cap * (1 << COST_BITS), monotone=True)
