@@ -395,19 +395,25 @@ def ensure_peer_venv(status: dict) -> Path | None:
         status.setdefault("import_errors", []).append(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "?")
         return False
 
+    # diffprivlib 0.6.x imports sklearn.tree._tree.DOUBLE, gone in recent scikit-learn: then pin an older one.
+    return _venv_with(PEER_VENV, [(["diffprivlib"], None), (["scikit-learn<1.6"], "scikit-learn<1.6")], ok, status)
+
+
+def _venv_with(venv: Path, installs, ok, status: dict) -> Path | None:
+    """The python of ``venv`` (created if missing) once ``ok()`` holds, trying each (packages, pin note) install in
+    turn; None, with the error in ``status``, if none makes it hold."""
+    py = venv / "bin" / "python"
     try:
         if not py.exists():
-            subprocess.run(["python3", "-m", "venv", str(PEER_VENV)], check=True, capture_output=True, text=True)
+            subprocess.run(["python3", "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
         if py.exists() and ok():
             return py
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "diffprivlib"], check=True, capture_output=True, text=True)
-        if ok():
-            return py
-        # diffprivlib 0.6.x imports sklearn.tree._tree.DOUBLE, gone in recent scikit-learn: pin an older one.
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "scikit-learn<1.6"], check=True, capture_output=True, text=True)
-        status["pinned"] = "scikit-learn<1.6"
-        if ok():
-            return py
+        for packages, pin in installs:
+            subprocess.run([str(py), "-m", "pip", "install", "-q", *packages], check=True, capture_output=True, text=True)
+            if pin:
+                status["pinned"] = pin
+            if ok():
+                return py
     except (subprocess.CalledProcessError, OSError) as exc:
         status["install_error"] = (getattr(exc, "stderr", "") or repr(exc))[-500:]
     return None
@@ -519,17 +525,7 @@ def ensure_google_venv(status: dict) -> Path | None:
         status.setdefault("import_errors", []).append(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "?")
         return False
 
-    try:
-        if not py.exists():
-            subprocess.run(["python3", "-m", "venv", str(GOOGLE_VENV)], check=True, capture_output=True, text=True)
-        if py.exists() and ok():
-            return py
-        subprocess.run([str(py), "-m", "pip", "install", "-q", *GOOGLE_PACKAGES], check=True, capture_output=True, text=True)
-        if ok():
-            return py
-    except (subprocess.CalledProcessError, OSError) as exc:
-        status["install_error"] = (getattr(exc, "stderr", "") or repr(exc))[-500:]
-    return None
+    return _venv_with(GOOGLE_VENV, [(GOOGLE_PACKAGES, None)], ok, status)
 
 
 def run_google_peer(py: Path, ds: dict, epsilons, reps: int, seeded: bool, workdir: Path) -> tuple[list[dict], dict]:

@@ -173,8 +173,15 @@ def private_coreset(aggregate, domain: Domain, k: int, eps_root: float, split, a
     frontier_noisy = np.array([noisy_n])
     leaves: list[tuple[int, np.ndarray, np.ndarray]] = []  # (level, prefixes, noisy counts)
     levels_used = 0
+    tables: dict[int, tuple] = {}  # level -> its exact (prefixes, counts, sums), each built once
+
+    def table(level: int):
+        if level not in tables:
+            tables[level] = _level_table(codes, counts, sums, top, level)
+        return tables[level]
+
     for level in range(1, depth + 1):
-        prefix, level_counts, _ = _level_table(codes, counts, sums, top, level)
+        prefix, level_counts, _ = table(level)
         children = np.stack([2 * frontier, 2 * frontier + 1], axis=1).reshape(-1)
         exact = _lookup(prefix, level_counts, children)
         noisy = accountant.laplace(f"{label}: tree level {level}/{depth} counts", exact, level_mech).astype(np.float64)
@@ -192,7 +199,7 @@ def private_coreset(aggregate, domain: Domain, k: int, eps_root: float, split, a
     # One release of every leaf's coordinate sums (leaves are disjoint: L1 sensitivity d).
     parts = []
     for lv, pre, _ in leaves:
-        level_prefix, _, level_sums = _level_table(codes, counts, sums, top, lv)
+        level_prefix, _, level_sums = table(lv)
         parts.append(_lookup(level_prefix, level_sums, pre))
     exact_sums = np.concatenate(parts).reshape(-1, dim)
     leaf_noisy = np.concatenate([nn for _, _, nn in leaves])
