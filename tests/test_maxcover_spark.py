@@ -103,7 +103,10 @@ def test_spark_coverage_picks_identical_to_numpy_core(spark, p):
     df.unpersist()
 
 
-def test_fallback_per_pick_passes_give_the_same_picks(spark):
+def test_spilled_histograms_give_the_same_picks_without_extra_data_passes(spark):
+    """A threshold whose histogram exceeds max_signatures keeps it on the executors: the picks are
+    those of the collected histograms, the data is still read once per threshold, and each pick of
+    such a threshold is one job over the histogram."""
     rng = np.random.default_rng(5)
     x = clustered_unit(rng, 1200, n_clusters=2)
     cand = rng.uniform(-1, 1, size=(14, 2))
@@ -116,22 +119,26 @@ def test_fallback_per_pick_passes_give_the_same_picks(spark):
         provider = SparkCoverage(df, COLUMNS, cand, ts, 2, max_signatures, counter)
         acc = Accountant(2.0, DELTA, SeededNoise(99))
         picks = core.run_coverage(provider, cand.shape[0], ts, m, acc, 2.0, DELTA)
+        provider.close()
         return picks, provider, counter
 
     ref_picks, ref_provider, ref_counter = run(10**6)
     sizes = list(ref_provider.histogram_sizes)
-    bound = sorted(sizes)[len(sizes) // 2]  # some thresholds fall back, some do not
+    bound = sorted(sizes)[len(sizes) // 2]  # some thresholds spill, some do not
     picks, provider, counter = run(bound)
     assert picks == ref_picks
-    fell_back = provider.fallback_thresholds
-    assert fell_back and len(fell_back) < ts.size
-    assert fell_back == [i for i, s in enumerate(sizes) if s > bound]
-    assert counter.passes == ts.size + len(fell_back) * min(m, cand.shape[0])
-    assert ref_counter.passes == ts.size
-    # max_signatures tiny: (nearly) every threshold by per-pick passes, still the same picks.
-    picks_all, provider_all, _ = run(1)
+    spilled = provider.fallback_thresholds
+    assert spilled and len(spilled) < ts.size
+    assert spilled == [i for i, s in enumerate(sizes) if s > bound]
+    assert counter.passes == ts.size == ref_counter.passes  # the data: once per threshold, either way
+    assert counter.histogram_jobs == len(spilled) * min(m, cand.shape[0])
+    assert ref_counter.histogram_jobs == 0
+    # max_signatures tiny: (nearly) every threshold spills, still the same picks, still r passes.
+    picks_all, provider_all, counter_all = run(1)
     assert picks_all == ref_picks
     assert len(provider_all.fallback_thresholds) == sum(s > 1 for s in sizes)
+    assert counter_all.passes == ts.size
+    assert provider_all._spilled is None  # close() released the last persisted histogram
     df.unpersist()
 
 
@@ -346,9 +353,10 @@ def test_private_candidates_release_only_heavy_cells(spark):
     df.unpersist()
 
 
-def test_per_pick_updates_equal_full_recomputation(spark):
-    """A later pick's scores come from subtracting what the previous pick newly covered; they equal
-    the scores recomputed from scratch, for every pick, with and without earlier thresholds' picks."""
+def test_spilled_histogram_scores_equal_brute_force(spark):
+    """Every pick's scores from the spilled histogram (first: all rows; later: minus what the previous
+    pick newly covered) equal the scores recomputed from scratch, and the brute-force counts on the
+    points, with and without earlier thresholds' picks."""
     rng = np.random.default_rng(21)
     x = clustered_unit(rng, 1500, dim=3)
     cand = rng.uniform(-1, 1, size=(40, 3))
@@ -357,19 +365,34 @@ def test_per_pick_updates_equal_full_recomputation(spark):
     updated_nonzero = []
     for p in (1, 2):
         ts = core.thresholds(2 * math.sqrt(3), p, cand.shape[0], 0.5)
+        costs = core.cost_matrix(x, cand, p)
         for i, covered in ((3, ()), (ts.size // 2, ((5, 1), (17, 2)))):
+            uncovered = np.ones(x.shape[0], dtype=bool)
+            for c, j in covered:
+                uncovered &= costs[:, c] > ts[j]
+            within = costs <= ts[i]
             incremental = SparkCoverage(df, columns, cand, ts, p, 1)
-            fresh_scores = []
+            assert isinstance(incremental(i, covered), core.PerPickScores)
             picks = []
+            scores = []
             for _ in range(4):
-                got = incremental.pick_scores(i, covered, tuple(picks))
-                want = SparkCoverage(df, columns, cand, ts, p, 1).pick_scores(i, covered, tuple(picks))
-                assert np.array_equal(got, want)
+                got = incremental.spilled_scores(i, tuple(picks))
+                fresh = SparkCoverage(df, columns, cand, ts, p, 1)
+                fresh(i, covered)
+                want = fresh.spilled_scores(i, tuple(picks))
+                fresh.close()
+                alive = uncovered & ~np.any(within[:, picks], axis=1) if picks else uncovered
+                brute = within[alive].sum(axis=0, dtype=np.int64)
+                assert np.array_equal(got, want) and np.array_equal(got, brute)
                 assert got.dtype == np.int64 and (not picks or np.all(got[picks] == 0))
-                fresh_scores.append(want)
+                scores.append(got)
                 picks.append(int(np.argmax(np.where(np.isin(np.arange(40), picks), -1, got))))
-            assert incremental.counter.by_kind == {"pick scores (fallback)": 1, "pick scores (fallback, update)": 3}
-            assert fresh_scores[0].sum() > fresh_scores[-1].sum()  # the picks did cover points
-            updated_nonzero.append(fresh_scores[-1].sum() > 0)
+            kinds = {k: v for k, v in incremental.counter.by_kind.items() if k.startswith("spilled")}
+            assert kinds == {"spilled histogram (scores)": 1, "spilled histogram (update)": 3}
+            assert incremental.counter.passes == 1
+            incremental.close()
+            assert scores[0].sum() > scores[-1].sum()  # the picks did cover points
+            updated_nonzero.append(scores[-1].sum() > 0)
     assert any(updated_nonzero)  # some updates left non-trivial scores (not just all zeros)
     df.unpersist()
+

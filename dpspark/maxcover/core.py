@@ -362,8 +362,9 @@ def run_coverage(
 
     Instead of a histogram the provider may return a :class:`PerPickScores` (used
     when a threshold's histogram would be too large for the driver): then every
-    pick of that threshold recomputes the exact scores from the data
-    (:func:`cover_per_pick`); same picks, same draws, same privacy.
+    pick of that threshold gets the exact scores computed elsewhere, e.g. by a job
+    over a histogram kept on the executors (:func:`cover_per_pick`); same picks,
+    same draws, same privacy.
 
     Privacy: the whole loop is charged ONCE, (eps_cov, delta), as one block under
     the paper's Lemma 4.1 (see :data:`COVERAGE_RULE`); every pick uses the

@@ -17,9 +17,11 @@ A run, all distances in the unit space of the domain (Delta = ``domain.unit_diam
 4. post-processing: the driver solver (``solver``) on the chosen candidates
    weighted by max(noisy count, 0).
 
-Passes over the data: r + 1 (+ 1 for private candidates), more only when a
-threshold falls back to per-pick passes (logged). The pass counts, the fallback
-list, the signature histogram sizes and the timings depend on the data and are
+Passes over the data: r + 1 (+ 1 for private candidates), for every n and d: a
+threshold whose histogram has more than ``max_signatures`` distinct signatures
+keeps it on the executors and runs one job per pick over that histogram, never
+over the data again. The pass and job counts, the list of such thresholds, the
+signature histogram sizes and the timings depend on the data and are
 not DP outputs: they go to the caller's ``operational`` dict (NON-PRIVATE
 operational metadata), never onto the model, which holds released and public
 values only.
@@ -223,6 +225,7 @@ class MaxCover:
         unit_df, feature_names = tables.prepare_points(df, self.features, self.privacy_unit, self.domain, randomness.run_key)
         columns = tables.unit_columns(self.domain.dim)
         cached = unit_df.persist()
+        provider = None
         try:
             cand_unit, cand_original, cand_info = self._candidates(
                 df.sparkSession, cached, columns, params, budget, accountant, randomness, counter, timings)
@@ -235,8 +238,11 @@ class MaxCover:
             picks = core.run_coverage(provider, n_cand, ts, m, accountant, eps_cov, delta_cov)
             chosen = core.chosen_candidate_ids(picks)
             chosen_unit = cand_unit[chosen]
+            provider.close()
             exact = snap_counts(cached, columns, chosen_unit, counter, timings)
         finally:
+            if provider is not None:
+                provider.close()
             cached.unpersist()
         noisy = core.noisy_weights(exact, accountant, budget["counts"][0])
         with step("maxcover: solve the weighted instance (post-processing)", timings):
@@ -246,7 +252,8 @@ class MaxCover:
         accountant.finish()
         if operational is not None:  # NON-PRIVATE: depends on the data
             operational.update({
-                "spark_passes": counter.passes, "passes_by_kind": dict(counter.by_kind),
+                "spark_passes": counter.passes, "histogram_jobs": counter.histogram_jobs,
+                "passes_by_kind": dict(counter.by_kind),
                 "fallback_thresholds": [i + 1 for i in provider.fallback_thresholds],
                 "histogram_sizes": list(provider.histogram_sizes),
             })

@@ -1,6 +1,6 @@
 """The executor side of the maxcover passes: numpy only.
 
-Everything here runs inside ``mapInPandas`` on the executors, so this module imports
+Everything here runs inside ``mapInPandas`` or ``mapInArrow`` on the executors, so this module imports
 numpy and ``dpspark.privacy.fixedpoint`` only (never scipy, scikit-learn, OpenDP or
 pyspark) and reads nothing from the driver's filesystem: every public value it needs
 (candidates, thresholds, picks, grid shifts) is an argument captured in the returned
@@ -215,41 +215,65 @@ def signature_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns
     return run
 
 
-def score_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns: list[str], chunk_rows: int | None = None,
-                     new_pick=None):
-    """``mapInPandas`` function: exact per-candidate coverage counts of one partition's uncovered points.
+def _signature_rows(column, n_bytes: int) -> np.ndarray:
+    """The (rows x n_bytes) uint8 view of an Arrow binary column of fixed-length signature keys (no copy per row)."""
+    import pyarrow as pa
 
-    With ``new_pick`` (a point), only the points that ``new_pick`` newly covers count (uncovered by
-    ``pick_pts``/``pick_t``, within t of ``new_pick``). Subtracted from the scores before that pick,
-    these give exactly the scores after it (what this function computes with ``new_pick`` added to
-    the picks at threshold t): the same rule decides "covered" and "within" entry by entry. Chunks
-    whose bounding box is farther than t from ``new_pick`` are skipped, so such a pass costs about n
-    distances plus (points near the pick) x (candidates), instead of n x (candidates).
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    n = len(column)
+    if n == 0:
+        return np.zeros((0, n_bytes), dtype=np.uint8)
+    if column.null_count:
+        raise ValueError("a signature key is null")
+    off_type = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+    _, offsets_buf, data_buf = column.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=off_type)[column.offset : column.offset + n + 1]
+    if np.any(np.diff(offsets) != n_bytes):
+        raise ValueError(f"signature keys must all be {n_bytes} bytes long")
+    data = np.frombuffer(data_buf, dtype=np.uint8)
+    return data[int(offsets[0]) : int(offsets[-1])].reshape(n, n_bytes)
+
+
+def _has_bit(rows: np.ndarray, v: int) -> np.ndarray:
+    """Whether candidate v is in each packed signature (``numpy.packbits`` order: big-endian bits)."""
+    return (rows[:, v >> 3] & np.uint8(0x80 >> (v & 7))) != 0
+
+
+def histogram_score_aggregator(n_cand: int, exclude: Sequence[int] = (), require: int | None = None):
+    """``mapInArrow`` function over a signature histogram (sig BINARY, n LONG): exact per-candidate scores.
+
+    Sums, over the histogram rows whose signature contains none of ``exclude`` (the candidates
+    already picked at this threshold: their points are covered) and, if given, contains
+    ``require``, the count times the row's indicator. With ``require`` = the newest pick and
+    ``exclude`` = the picks before it, that is exactly what the newest pick newly covers, per
+    candidate: subtracted from the scores before that pick it gives the scores after it. The
+    same rule as ``core.cover_from_signatures``. The products run in float64 (BLAS): every term
+    and partial sum is an integer of at most n < 2^53, so the result is exact.
     """
-    candidates = np.ascontiguousarray(candidates, dtype=np.float64)
-    n_cand, dim = candidates.shape
-    pick_pts = np.ascontiguousarray(pick_pts, dtype=np.float64).reshape(-1, dim)
-    pick_t = np.asarray(pick_t, dtype=np.float64).reshape(-1)
-    near = None if new_pick is None else np.ascontiguousarray(new_pick, dtype=np.float64).reshape(1, dim)
-    rows = chunk_rows or _chunk_size(n_cand, dim)
+    n_bytes = (int(n_cand) + 7) // 8
+    exclude = [int(v) for v in exclude]
 
     def run(batches):
-        import pandas as pd
+        import pyarrow as pa
 
         scores = np.zeros(n_cand, dtype=np.int64)
-        for x in _batches_of_points(batches, columns):
-            for xc in _chunks(x, rows):
-                if near is not None:  # first the one-point test, then the (more) earlier picks
-                    if _box_cost(xc.min(axis=0), xc.max(axis=0), near, p)[0] > t:
-                        continue
-                    xc = xc[_cost_from_sq(_sq_dists(xc, near), p)[:, 0] <= t]
-                xc = _drop_covered(xc, pick_pts, pick_t, p)
-                if not xc.shape[0]:
-                    continue
-                keep, within = _within(xc, candidates, t, p)
-                if within is not None:
-                    scores[keep] += within.sum(axis=0, dtype=np.int64)
-        yield pd.DataFrame({"cand": np.arange(n_cand, dtype=np.int32), "n": scores})
+        for rb in batches:
+            if rb.num_rows == 0:
+                continue
+            rows = _signature_rows(rb.column(0), n_bytes)
+            counts = rb.column(1).to_numpy(zero_copy_only=False).astype(np.int64)
+            keep = np.ones(rows.shape[0], dtype=bool) if require is None else _has_bit(rows, int(require))
+            for v in exclude:
+                keep &= ~_has_bit(rows, v)
+            if not keep.any():
+                continue
+            rows, counts = rows[keep], counts[keep]
+            for start in range(0, rows.shape[0], 8192):
+                bits = np.unpackbits(rows[start : start + 8192], axis=1, count=n_cand).astype(np.float64)
+                scores += np.rint(counts[start : start + 8192].astype(np.float64) @ bits).astype(np.int64)
+        yield pa.RecordBatch.from_arrays([pa.array(np.arange(n_cand, dtype=np.int32)), pa.array(scores)],
+                                         names=["cand", "n"])
 
     return run
 

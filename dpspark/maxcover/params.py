@@ -27,7 +27,8 @@ key                    meaning                                                  
                        (discrete, centers restricted to the candidate set) or
                        ``weiszfeld`` (Euclidean)
 ``max_signatures``     driver bound on the signature histogram of one threshold;  2000000
-                       above it that threshold runs exact per-pick passes
+                       above it the histogram stays on the executors (one
+                       small job per pick over it; no extra data pass)
 =====================  =========================================================  =================
 
 Default epsilon split: private candidates 0.4 / coverage 0.3 / counts 0.3 (measured:

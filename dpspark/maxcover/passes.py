@@ -20,10 +20,13 @@ Passes (each one Spark job over the data):
   cover-signature histogram. A signature is the packed bitset
   (``numpy.packbits``) of the candidates within the threshold, used as a binary
   key; each partition counts its keys in a dict, Spark sums the counts per key
-  (``groupBy(sig).sum(n)``) and at most ``max_signatures + 1`` rows are
-  collected, so the driver never holds more than the bound.
-- :meth:`SparkCoverage.pick_scores` (fallback, one per pick): the exact coverage
-  count of every candidate over the still-uncovered points.
+  (``groupBy(sig).sum(n)``) and the result is persisted. At most
+  ``max_signatures + 1`` rows are collected, so the driver never holds more
+  than the bound; when a threshold has more distinct signatures than that, its
+  histogram STAYS on the executors and every pick of the threshold runs one
+  small job over the persisted histogram (:meth:`SparkCoverage.spilled_scores`,
+  ``kernels.histogram_score_aggregator``), never over the data again. So every
+  threshold reads the data exactly once, whatever n and d.
 - :func:`snap_counts` (one, at the end): the number of points whose nearest chosen
   center is each center (ties to the lowest index).
 - :func:`cell_aggregates` (private candidates, one for all scales): per
@@ -43,7 +46,7 @@ from dpspark.maxcover.core import PerPickScores
 from dpspark.maxcover.kernels import (
     _chunk_rows,
     cell_aggregator,
-    score_aggregator,
+    histogram_score_aggregator,
     signature_aggregator,
     snap_aggregator,
 )
@@ -52,14 +55,23 @@ from dpspark.progress import step
 log = logging.getLogger("dpspark")
 
 class PassCounter:
-    """Counts Spark passes over the private data (reported as ``spark_passes``)."""
+    """Counts Spark passes over the private data (``spark_passes``) and the jobs over aggregates.
+
+    A pass reads every record of the input; a histogram job (``histogram_jobs``) reads only a
+    persisted signature histogram, at most one row per distinct signature.
+    """
 
     def __init__(self):
         self.passes = 0
+        self.histogram_jobs = 0
         self.by_kind: dict[str, int] = {}
 
     def add(self, kind: str) -> None:
         self.passes += 1
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+
+    def add_histogram_job(self, kind: str) -> None:
+        self.histogram_jobs += 1
         self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
 
 
@@ -85,10 +97,11 @@ class SparkCoverage:
 
     ``df`` holds the unit-space points (persist it: one pass per threshold reads it),
     ``candidates`` the public candidates in unit space, ``thresholds`` on the cost
-    scale d^p. Calling it for threshold i runs ONE Spark pass and returns the
-    signature histogram as (CSR incidence, int64 counts); if the histogram has more
-    than ``max_signatures`` distinct signatures it returns a ``PerPickScores`` so
-    that the threshold runs exact per-pick passes instead (logged).
+    scale d^p. Calling it for threshold i runs ONE Spark pass over the data and returns
+    the signature histogram as (CSR incidence, int64 counts). If the histogram has more
+    than ``max_signatures`` distinct signatures it stays persisted on the executors and
+    a ``PerPickScores`` is returned: each pick then runs one job over that histogram
+    (same picks, same draws). Call :meth:`close` when the loop is done.
     """
 
     def __init__(self, df, columns: list[str], candidates, thresholds, p: int, max_signatures: int,
@@ -101,77 +114,84 @@ class SparkCoverage:
         self.max_signatures = int(max_signatures)
         self.counter = counter or PassCounter()
         self.timings = timings
-        self.fallback_thresholds: list[int] = []
+        self.fallback_thresholds: list[int] = []  # thresholds whose histogram stayed on the executors
         self.histogram_sizes: list[int] = []
-        self._last_scores = None  # (threshold key, picks, exact scores) of the last per-pick pass
+        self._spilled = None  # the persisted histogram of the current threshold, if it stayed distributed
+        self._last_scores = None  # (threshold, picks, exact scores) of the last histogram job
 
-    def _picks(self, covered_picks, extra: Sequence[int] = (), extra_t: float | None = None):
-        ids = [int(c) for c, _ in covered_picks] + [int(c) for c in extra]
-        ts = [float(self.thresholds[int(j)]) for _, j in covered_picks] + [float(extra_t or 0.0)] * len(extra)
+    def _picks(self, covered_picks):
+        ids = [int(c) for c, _ in covered_picks]
+        ts = [float(self.thresholds[int(j)]) for _, j in covered_picks]
         return self.candidates[np.array(ids, dtype=np.int64)].reshape(-1, self.candidates.shape[1]), np.array(ts, dtype=np.float64)
 
-    def histogram(self, i: int, covered_picks) -> tuple[list[bytes], np.ndarray] | None:
-        """One pass: {signature key: count} of the uncovered points at threshold i, or None if too large."""
+    def close(self) -> None:
+        """Unpersist a histogram left on the executors (idempotent)."""
+        if self._spilled is not None:
+            self._spilled.unpersist()
+            self._spilled = None
+        self._last_scores = None
+
+    def histogram(self, i: int, covered_picks):
+        """One pass: the persisted histogram and, if it has at most ``max_signatures`` rows, its keys and counts."""
+        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         pick_pts, pick_t = self._picks(covered_picks)
         fn = signature_aggregator(self.candidates, pick_pts, pick_t, float(self.thresholds[i]), self.p, self.columns)
         with step(f"maxcover pass: signature histogram, threshold {i + 1}/{self.thresholds.size}", self.timings):
-            pdf = (
+            hist = (
                 self.df.mapInPandas(fn, "sig BINARY, n LONG")
                 .groupBy("sig").agg(F.sum("n").alias("n"))
-                .limit(self.max_signatures + 1)
-                .toPandas()
+                .persist(StorageLevel.MEMORY_AND_DISK)
             )
+            pdf = hist.limit(self.max_signatures + 1).toPandas()
             self.counter.add("signature histogram")
         if len(pdf) > self.max_signatures:
-            return None
-        return [bytes(k) for k in pdf["sig"]], pdf["n"].to_numpy(dtype=np.int64)
+            return hist, None
+        hist.unpersist()
+        return None, ([bytes(k) for k in pdf["sig"]], pdf["n"].to_numpy(dtype=np.int64))
 
-    def pick_scores(self, i: int, covered_picks, threshold_picks: Sequence[int]) -> np.ndarray:
-        """One pass: exact coverage count per candidate at threshold i, given all picks so far.
+    def spilled_scores(self, i: int, threshold_picks: Sequence[int]) -> np.ndarray:
+        """One job over threshold i's persisted histogram: exact scores given this threshold's picks so far.
 
-        The first pick of a threshold scores every candidate over the uncovered points; each
-        later pick subtracts what the previous pick newly covered (``score_aggregator`` with
-        ``new_pick``): exactly the recomputed scores, at a fraction of the distance computations.
+        The first pick scores every candidate over the whole histogram; each later pick subtracts
+        what the previous pick newly covered (rows containing it and none of the picks before it):
+        exactly the recomputed scores, reading the histogram rather than the data.
         """
-        t = float(self.thresholds[i])
+        if self._spilled is None:
+            raise RuntimeError("no persisted histogram for this threshold")
         picks = tuple(int(v) for v in threshold_picks)
-        key = (i, tuple(covered_picks))
         last = self._last_scores
-        update = last is not None and last[0] == key and bool(picks) and last[1] == picks[:-1]
+        update = last is not None and last[0] == i and bool(picks) and last[1] == picks[:-1]
+        n_cand = self.candidates.shape[0]
         if update:
-            pick_pts, pick_t = self._picks(covered_picks, picks[:-1], t)
-            fn = score_aggregator(self.candidates, pick_pts, pick_t, t, self.p, self.columns,
-                                  new_pick=self.candidates[picks[-1]])
-            label, kind = "points newly covered by pick", "pick scores (fallback, update)"
+            fn = histogram_score_aggregator(n_cand, exclude=picks[:-1], require=picks[-1])
+            label, kind = "points newly covered by the pick", "spilled histogram (update)"
         else:
-            pick_pts, pick_t = self._picks(covered_picks, picks, t)
-            fn = score_aggregator(self.candidates, pick_pts, pick_t, t, self.p, self.columns)
-            label, kind = "exact pick scores", "pick scores (fallback)"
-        with step(f"maxcover pass: {label}, threshold {i + 1}, pick {len(picks) + 1}", self.timings):
-            parts = self.df.mapInPandas(fn, "cand INT, n LONG").toPandas()
-            self.counter.add(kind)
-        exact = np.zeros(self.candidates.shape[0], dtype=np.int64)
+            fn = histogram_score_aggregator(n_cand, exclude=picks)
+            label, kind = "exact pick scores", "spilled histogram (scores)"
+        with step(f"maxcover histogram job: {label}, threshold {i + 1}, pick {len(picks) + 1}", self.timings):
+            parts = self._spilled.mapInArrow(fn, "cand INT, n LONG").toPandas()
+            self.counter.add_histogram_job(kind)
+        exact = np.zeros(n_cand, dtype=np.int64)
         if len(parts):
             np.add.at(exact, parts["cand"].to_numpy(dtype=np.int64), parts["n"].to_numpy(dtype=np.int64))
         scores = last[2] - exact if update else exact
-        self._last_scores = (key, picks, scores)
+        self._last_scores = (i, picks, scores)
         return scores.copy()
 
     def __call__(self, i: int, covered_picks):
-        hist = self.histogram(i, covered_picks)
+        self.close()  # the previous threshold's histogram, if it stayed on the executors
+        spilled, hist = self.histogram(i, covered_picks)
         if hist is None:
-            log.warning(
-                "maxcover: threshold %d has more than max_signatures=%d distinct cover signatures; "
-                "falling back to exact per-pick passes for this threshold (one pass over the data per pick: slow "
-                "at large n in high dimension; a smaller algorithm.candidate_count or a larger "
-                "algorithm.max_signatures, with driver memory to match, avoids it)", i + 1, self.max_signatures,
+            log.info(
+                "maxcover: threshold %d has more than max_signatures=%d distinct cover signatures; its histogram "
+                "stays on the executors and each pick runs one job over it", i + 1, self.max_signatures,
             )
+            self._spilled = spilled
             self.fallback_thresholds.append(i)
             self.histogram_sizes.append(-1)
-            frozen = tuple(covered_picks)
-            return PerPickScores(lambda threshold_picks: self.pick_scores(i, frozen, threshold_picks))
+            return PerPickScores(lambda threshold_picks: self.spilled_scores(i, threshold_picks))
         keys, counts = hist
         self.histogram_sizes.append(len(keys))
         return _keys_to_csr(keys, self.candidates.shape[0]), counts
