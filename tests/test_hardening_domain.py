@@ -262,7 +262,7 @@ def test_one_bad_row_in_snap_and_cell_aggregators_is_one_bounded_record(poison):
 
     def table(y):
         out = _run(cells, y)
-        return {(r.level, r.cell): np.array([r.n, r.s0, r.s1]) for r in out.itertuples()}
+        return {(r.level, r.g0, r.g1): np.array([r.n, r.s0, r.s1]) for r in out.itertuples()}
 
     base, got = table(x), table(np.vstack([x, [poison]]))
     for level, side in enumerate(sides):

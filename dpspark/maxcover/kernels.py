@@ -312,52 +312,72 @@ def offset_limit(side: float) -> int:
     return int(np.floor(side / 2.0 * SCALE))
 
 
+def _merge_cells(keys: np.ndarray, counts: np.ndarray, sums: np.ndarray):
+    """Add up rows with equal cell keys (int64 throughout: exact): (unique keys, counts, sums), keys sorted."""
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    order = np.argsort(inverse.reshape(-1), kind="stable")
+    sorted_inv = inverse.reshape(-1)[order]
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(sorted_inv)) + 1])
+    return uniq, np.add.reduceat(counts[order], starts), np.add.reduceat(sums[order], starts, axis=0)
+
+
+_CELL_MERGE_ROWS = 1 << 20  # pending (cell, count, sums) rows of one scale before they are merged
+
+
 def cell_aggregator(sides: Sequence[float], shifts: Sequence[np.ndarray], columns: list[str], chunk_rows: int):
     """``mapInPandas`` function: per (scale, non-empty cell) the exact count and fixed-point offset sums.
 
     A point's offset from its cell center is clipped to [-side/2, side/2] per
     coordinate (it lies there up to rounding) and quantized to fixed point
     (|q| <= offset_limit(side)), so one point changes one cell's sums by at most
-    offset_limit(side) per coordinate. Cells are keyed by their int32 coordinates
-    as bytes; only non-empty cells appear.
+    offset_limit(side) per coordinate. Rows are (level, g0..g{d-1} int32 cell
+    coordinates, n, s0..s{d-1}); only non-empty cells appear. All vectorized: each
+    batch's cells are merged with numpy (``_merge_cells``), never point by point.
     """
     sides = [float(s) for s in sides]
     shifts = [np.asarray(s, dtype=np.float64) for s in shifts]
     dim = shifts[0].shape[0]
+    key_type = np.dtype((np.void, 4 * dim))
 
     def run(batches):
         import pandas as pd
 
-        aggs: list[dict[bytes, np.ndarray]] = [dict() for _ in sides]
+        pending: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in sides]
+        rows = [0 for _ in sides]
+
+        def compact(level):
+            parts = pending[level]
+            if len(parts) > 1:
+                merged = _merge_cells(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                                      np.concatenate([p[2] for p in parts]))
+                pending[level] = [merged]
+            rows[level] = pending[level][0][0].shape[0] if pending[level] else 0
+
         for x in _batches_of_points(batches, columns):
             for level, (side, shift) in enumerate(zip(sides, shifts)):
                 g = cell_indices(x, side, shift)
                 lim = offset_limit(side)
                 q = np.rint((x - cell_centers(g, side, shift)) * SCALE).astype(np.int64)
                 np.clip(q, -lim, lim, out=q)
-                keys = np.ascontiguousarray(g.astype(np.int32)).view(np.dtype((np.void, 4 * dim))).reshape(-1)
-                uniq, inverse = np.unique(keys, return_inverse=True)
-                inverse = inverse.reshape(-1)
-                cnt = np.bincount(inverse, minlength=uniq.shape[0]).astype(np.int64)
-                sums = np.zeros((uniq.shape[0], dim), dtype=np.int64)
-                np.add.at(sums, inverse, q)
-                agg = aggs[level]
-                for key, c, s in zip(uniq, cnt, sums):
-                    kb = key.tobytes()
-                    row = agg.get(kb)
-                    if row is None:
-                        agg[kb] = np.concatenate([[c], s])
-                    else:
-                        row[0] += c
-                        row[1:] += s
-        for level, agg in enumerate(aggs):
-            if not agg:
+                keys = np.ascontiguousarray(g.astype(np.int32)).view(key_type).reshape(-1)
+                pending[level].append(_merge_cells(keys, np.ones(keys.shape[0], dtype=np.int64), q))
+                rows[level] += pending[level][-1][0].shape[0]
+                if rows[level] > _CELL_MERGE_ROWS:
+                    compact(level)
+        for level in range(len(sides)):
+            compact(level)
+            if not pending[level]:
                 continue
-            keys = list(agg.keys())
-            vals = np.array(list(agg.values()), dtype=np.int64).reshape(len(keys), dim + 1)
-            out = {"level": np.full(len(keys), level, dtype=np.int32), "cell": keys, "n": vals[:, 0]}
-            for j in range(dim):
-                out[f"s{j}"] = vals[:, j + 1]
-            yield pd.DataFrame(out)
+            keys, counts, sums = pending[level][0]
+            g = keys.view(np.int32).reshape(-1, dim) if keys.size else np.zeros((0, dim), dtype=np.int32)
+            for start in range(0, counts.shape[0], _YIELD_ROWS):
+                sl = slice(start, start + _YIELD_ROWS)
+                out = {"level": np.full(counts[sl].shape[0], level, dtype=np.int32)}
+                for j in range(dim):
+                    out[f"g{j}"] = np.ascontiguousarray(g[sl, j])
+                out["n"] = counts[sl]
+                for j in range(dim):
+                    out[f"s{j}"] = np.ascontiguousarray(sums[sl, j])
+                yield pd.DataFrame(out)
 
     return run

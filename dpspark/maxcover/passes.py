@@ -224,12 +224,14 @@ def cell_aggregates(df, columns: list[str], sides: Sequence[float], shifts: Sequ
 
     dim = len(columns)
     fn = cell_aggregator(sides, shifts, columns, 1 << 16)
-    schema = "level INT, cell BINARY, n LONG, " + ", ".join(f"s{j} LONG" for j in range(dim))
+    gcols = [f"g{j}" for j in range(dim)]
+    scols = [f"s{j}" for j in range(dim)]
+    schema = "level INT, " + ", ".join(f"{c} INT" for c in gcols) + ", n LONG, " + ", ".join(f"{c} LONG" for c in scols)
     with step(f"maxcover pass: grid cell counts at {len(sides)} scales", timings):
         pdf = (
             df.mapInPandas(fn, schema)
-            .groupBy("level", "cell")
-            .agg(F.sum("n").alias("n"), *[F.sum(f"s{j}").alias(f"s{j}") for j in range(dim)])
+            .groupBy("level", *gcols)
+            .agg(F.sum("n").alias("n"), *[F.sum(c).alias(c) for c in scols])
             .where(F.col("n") >= F.lit(int(min_count)))
             .toPandas()
         )
@@ -242,10 +244,9 @@ def cell_aggregates(df, columns: list[str], sides: Sequence[float], shifts: Sequ
         if not sel.size:
             out.append((np.zeros((0, dim), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, dim), dtype=np.int64)))
             continue
-        cells_raw = pdf["cell"].to_numpy()[sel]
-        g = np.frombuffer(b"".join(bytes(c) for c in cells_raw), dtype=np.int32).reshape(-1, dim).astype(np.int64)
+        g = pdf[gcols].to_numpy(dtype=np.int64)[sel]
         n = pdf["n"].to_numpy(dtype=np.int64)[sel]
-        s = pdf[[f"s{j}" for j in range(dim)]].to_numpy(dtype=np.int64)[sel]
+        s = pdf[scols].to_numpy(dtype=np.int64)[sel]
         order = np.lexsort(g.T[::-1])
         out.append((g[order], n[order], s[order]))
     return out
