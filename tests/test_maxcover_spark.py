@@ -103,6 +103,49 @@ def test_spark_coverage_picks_identical_to_numpy_core(spark, p):
     df.unpersist()
 
 
+def test_shrinking_the_persisted_set_changes_no_histogram(spark, monkeypatch):
+    """Later thresholds read a re-persisted set of the uncovered points only: the histograms and the
+    picks are those of passes over all points, and the data is still read once per threshold."""
+    from dpspark.maxcover import passes
+
+    rng = np.random.default_rng(8)
+    x = clustered_unit(rng, 3000, dim=3)
+    cand = rng.uniform(-1, 1, size=(50, 3))
+    ts = core.thresholds(2 * math.sqrt(3), 2, cand.shape[0], 0.5)
+    m = core.picks_per_threshold(4, 0.5)
+    df = unit_df(spark, x, 3)
+    columns = ["_u0", "_u1", "_u2"]
+
+    def run(fraction, max_signatures=10**6):
+        monkeypatch.setattr(passes, "SHRINK_FRACTION", fraction)
+        counter = PassCounter()
+        provider = SparkCoverage(df, columns, cand, ts, 2, max_signatures, counter)
+        seen = []
+
+        def recording(i, covered):
+            out = provider(i, covered)
+            seen.append(None if isinstance(out, core.PerPickScores) else as_histogram(*out, cand.shape[0]))
+            return out
+
+        picks = core.run_coverage(recording, cand.shape[0], ts, m, Accountant(1.0, DELTA, SeededNoise(7)), 1.0, DELTA)
+        shrinks, owned = list(provider.shrinks), len(provider._owned)
+        provider.close()
+        assert not provider._owned and provider._spilled is None
+        return picks, seen, shrinks, owned, counter
+
+    ref_picks, ref_seen, ref_shrinks, _, ref_counter = run(-1.0)  # never shrinks
+    picks, seen, shrinks, owned, counter = run(0.5)
+    assert not ref_shrinks and shrinks  # the default does shrink on this data
+    assert owned == 1  # only the newest smaller set stays persisted during the loop
+    assert picks == ref_picks and seen == ref_seen
+    assert counter.passes == ref_counter.passes == ts.size
+    # spilled thresholds learn the uncovered count from their first job: same picks again
+    sizes = sorted(len(h) for h in ref_seen)
+    spilled_picks, _, spilled_shrinks, _, spilled_counter = run(0.5, max_signatures=sizes[len(sizes) * 3 // 4])
+    assert spilled_picks == ref_picks and spilled_shrinks and spilled_counter.histogram_jobs > 0
+    df.unpersist()
+
+
 def test_spilled_histograms_give_the_same_picks_without_extra_data_passes(spark):
     """A threshold whose histogram exceeds max_signatures keeps it on the executors: the picks are
     those of the collected histograms, the data is still read once per threshold, and each pick of

@@ -256,6 +256,7 @@ class MaxCover:
                 "passes_by_kind": dict(counter.by_kind),
                 "fallback_thresholds": [i + 1 for i in provider.fallback_thresholds],
                 "histogram_sizes": list(provider.histogram_sizes),
+                "shrunk_at_thresholds": [i + 1 for i in provider.shrinks],
             })
         return ClusteringModel(
             algorithm=self.name, objective=self.objective, centers=np.asarray(centers, dtype=np.float64),

@@ -173,7 +173,8 @@ def signature_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns
 
     The key is ``numpy.packbits`` of the point's row of the (candidates within t)
     indicator: a canonical, fixed-length bytes value per signature. Points with an
-    empty signature are left out.
+    empty signature are counted under the all-zero key (they add nothing to any
+    score; the driver uses their number to size the uncovered set).
     """
     candidates = np.ascontiguousarray(candidates, dtype=np.float64)
     n_cand, dim = candidates.shape
@@ -186,6 +187,7 @@ def signature_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns
         import pandas as pd
 
         agg: dict[bytes, int] = {}
+        empty = 0
         for x in _batches_of_points(batches, columns):
             packed_parts = []
             for xc in _chunks(x, rows):
@@ -194,8 +196,10 @@ def signature_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns
                     continue
                 keep, within = _within(xc, candidates, t, p)
                 if within is None:
+                    empty += xc.shape[0]
                     continue
                 hit = within.any(axis=1)
+                empty += int(xc.shape[0] - hit.sum())
                 if not hit.any():
                     continue
                 full = np.zeros((int(hit.sum()), n_cand), dtype=bool)
@@ -207,10 +211,34 @@ def signature_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns
             keys, counts = np.unique(packed.view(np.dtype((np.void, n_bytes))).reshape(-1), return_counts=True)
             for key, c in zip(keys.tolist(), counts.tolist()):
                 agg[key] = agg.get(key, 0) + c
+        if empty:
+            agg[bytes(n_bytes)] = agg.get(bytes(n_bytes), 0) + empty
         items = list(agg.items())
         for start in range(0, len(items), _YIELD_ROWS):
             part = items[start : start + _YIELD_ROWS]
             yield pd.DataFrame({"sig": [kv[0] for kv in part], "n": np.array([kv[1] for kv in part], dtype=np.int64)})
+
+    return run
+
+
+def uncovered_filter(pick_pts, pick_t, p: int, columns: list[str], chunk_rows: int | None = None):
+    """``mapInPandas`` function: the rows (``columns``, as ``sanitize_unit`` reads them) not covered by any pick.
+
+    Covered means dist^p <= t for some (pick point, t): the rule of ``_drop_covered``, entry by
+    entry, so a later pass over the kept rows sees exactly the points a pass over all rows would
+    keep (``sanitize_unit`` is idempotent).
+    """
+    pick_pts = np.ascontiguousarray(pick_pts, dtype=np.float64).reshape(-1, len(columns))
+    pick_t = np.asarray(pick_t, dtype=np.float64).reshape(-1)
+    rows = chunk_rows or _PRUNE_ROWS
+
+    def run(batches):
+        import pandas as pd
+
+        for x in _batches_of_points(batches, columns):
+            kept = [xc for xc in (_drop_covered(xc, pick_pts, pick_t, p) for xc in _chunks(x, rows)) if xc.shape[0]]
+            if kept:
+                yield pd.DataFrame(np.concatenate(kept), columns=columns)
 
     return run
 
@@ -248,7 +276,8 @@ def histogram_score_aggregator(n_cand: int, exclude: Sequence[int] = (), require
     ``require``, the count times the row's indicator. With ``require`` = the newest pick and
     ``exclude`` = the picks before it, that is exactly what the newest pick newly covers, per
     candidate: subtracted from the scores before that pick it gives the scores after it. The
-    same rule as ``core.cover_from_signatures``. The products run in float64 (BLAS): every term
+    same rule as ``core.cover_from_signatures``. One extra row, cand = -1, holds the number of
+    points in the rows summed. The products run in float64 (BLAS): every term
     and partial sum is an integer of at most n < 2^53, so the result is exact.
     """
     n_bytes = (int(n_cand) + 7) // 8
@@ -258,6 +287,7 @@ def histogram_score_aggregator(n_cand: int, exclude: Sequence[int] = (), require
         import pyarrow as pa
 
         scores = np.zeros(n_cand, dtype=np.int64)
+        total = 0
         for rb in batches:
             if rb.num_rows == 0:
                 continue
@@ -269,11 +299,12 @@ def histogram_score_aggregator(n_cand: int, exclude: Sequence[int] = (), require
             if not keep.any():
                 continue
             rows, counts = rows[keep], counts[keep]
+            total += int(counts.sum())
             for start in range(0, rows.shape[0], 8192):
                 bits = np.unpackbits(rows[start : start + 8192], axis=1, count=n_cand).astype(np.float64)
                 scores += np.rint(counts[start : start + 8192].astype(np.float64) @ bits).astype(np.int64)
-        yield pa.RecordBatch.from_arrays([pa.array(np.arange(n_cand, dtype=np.int32)), pa.array(scores)],
-                                         names=["cand", "n"])
+        ids = np.arange(-1, n_cand, dtype=np.int32)  # -1: the number of points in the rows summed
+        yield pa.RecordBatch.from_arrays([pa.array(ids), pa.array(np.concatenate([[total], scores]))], names=["cand", "n"])
 
     return run
 

@@ -49,6 +49,7 @@ from dpspark.maxcover.kernels import (
     histogram_score_aggregator,
     signature_aggregator,
     snap_aggregator,
+    uncovered_filter,
 )
 from dpspark.progress import step
 
@@ -92,6 +93,10 @@ def _keys_to_csr(keys: list[bytes], n_candidates: int, chunk: int = 65_536) -> s
     return sp.vstack(parts, format="csr")
 
 
+# Re-persist the uncovered points once at most this fraction of the persisted set is uncovered.
+SHRINK_FRACTION = 0.5
+
+
 class SparkCoverage:
     """The coverage loop's data access on Spark: a signature provider for ``core.run_coverage``.
 
@@ -101,7 +106,14 @@ class SparkCoverage:
     the signature histogram as (CSR incidence, int64 counts). If the histogram has more
     than ``max_signatures`` distinct signatures it stays persisted on the executors and
     a ``PerPickScores`` is returned: each pick then runs one job over that histogram
-    (same picks, same draws). Call :meth:`close` when the loop is done.
+    (same picks, same draws).
+
+    The set a pass reads shrinks as the picks cover points: once the last pass saw at most
+    ``SHRINK_FRACTION`` of the persisted points still uncovered, the next pass reads the
+    persisted set through a filter dropping the points the earlier picks cover and persists
+    what remains, so later thresholds read only uncovered points. Same rule, same points, same
+    histograms: only the work changes (how much is NON-PRIVATE operational data). Call
+    :meth:`close` when the loop is done.
     """
 
     def __init__(self, df, columns: list[str], candidates, thresholds, p: int, max_signatures: int,
@@ -116,40 +128,92 @@ class SparkCoverage:
         self.timings = timings
         self.fallback_thresholds: list[int] = []  # thresholds whose histogram stayed on the executors
         self.histogram_sizes: list[int] = []
+        self.shrinks: list[int] = []  # thresholds whose pass read a re-persisted, smaller set
         self._spilled = None  # the persisted histogram of the current threshold, if it stayed distributed
         self._last_scores = None  # (threshold, picks, exact scores) of the last histogram job
+        self._reset()
+
+    def _reset(self) -> None:
+        self._current = self.df  # the points not covered by self._applied
+        self._owned: list = []  # DataFrames this provider persisted (the current set, then the one to retire)
+        self._applied: tuple = ()
+        self._current_rows = None  # |current|, once a pass over it with no pending picks counted it
+        self._uncovered = None  # uncovered points the last pass saw (before that threshold's picks)
+        self._counts_current = False  # whether the running pass reads current with no pending picks
 
     def _picks(self, covered_picks):
         ids = [int(c) for c, _ in covered_picks]
         ts = [float(self.thresholds[int(j)]) for _, j in covered_picks]
         return self.candidates[np.array(ids, dtype=np.int64)].reshape(-1, self.candidates.shape[1]), np.array(ts, dtype=np.float64)
 
-    def close(self) -> None:
-        """Unpersist a histogram left on the executors (idempotent)."""
+    def _release_spilled(self) -> None:
         if self._spilled is not None:
             self._spilled.unpersist()
             self._spilled = None
         self._last_scores = None
+
+    def close(self) -> None:
+        """Unpersist everything this provider persisted (idempotent)."""
+        self._release_spilled()
+        for frame in self._owned:
+            frame.unpersist()
+        self._reset()
+
+    def _pending(self, covered_picks) -> tuple:
+        """The picks not yet applied to the persisted set; re-persists a smaller set when that pays."""
+        from pyspark import StorageLevel
+
+        covered = tuple(covered_picks)
+        if covered[: len(self._applied)] != self._applied:  # not a continuation of the loop: start over
+            self.close()
+        pending = covered[len(self._applied):]
+        if (pending and self._uncovered is not None and self._current_rows
+                and self._uncovered <= SHRINK_FRACTION * self._current_rows):
+            pick_pts, pick_t = self._picks(pending)
+            smaller = (self._current.mapInPandas(uncovered_filter(pick_pts, pick_t, self.p, self.columns),
+                                                 self._current.schema)
+                       .persist(StorageLevel.MEMORY_AND_DISK))
+            self._owned.append(smaller)
+            self._current, self._applied, self._current_rows = smaller, covered, None
+            self.shrinks.append(len(self.histogram_sizes))
+            pending = ()
+        self._counts_current = not pending
+        return pending
+
+    def _retire(self) -> None:
+        """After a pass materialized the current set: unpersist the sets it was filtered from."""
+        while len(self._owned) > 1:
+            self._owned.pop(0).unpersist()
+
+    def _saw_uncovered(self, total: int) -> None:
+        self._uncovered = int(total)
+        if self._counts_current:
+            self._current_rows = int(total)
 
     def histogram(self, i: int, covered_picks):
         """One pass: the persisted histogram and, if it has at most ``max_signatures`` rows, its keys and counts."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        pick_pts, pick_t = self._picks(covered_picks)
+        pick_pts, pick_t = self._picks(self._pending(covered_picks))
         fn = signature_aggregator(self.candidates, pick_pts, pick_t, float(self.thresholds[i]), self.p, self.columns)
         with step(f"maxcover pass: signature histogram, threshold {i + 1}/{self.thresholds.size}", self.timings):
             hist = (
-                self.df.mapInPandas(fn, "sig BINARY, n LONG")
+                self._current.mapInPandas(fn, "sig BINARY, n LONG")
                 .groupBy("sig").agg(F.sum("n").alias("n"))
                 .persist(StorageLevel.MEMORY_AND_DISK)
             )
-            pdf = hist.limit(self.max_signatures + 1).toPandas()
+            pdf = hist.limit(self.max_signatures + 2).toPandas()  # + 1 for the empty signature
             self.counter.add("signature histogram")
-        if len(pdf) > self.max_signatures:
+        self._retire()
+        keys = [bytes(k) for k in pdf["sig"]]
+        counts = pdf["n"].to_numpy(dtype=np.int64)
+        empty = np.array([not any(k) for k in keys], dtype=bool)
+        if len(keys) - int(empty.sum()) > self.max_signatures:
             return hist, None
         hist.unpersist()
-        return None, ([bytes(k) for k in pdf["sig"]], pdf["n"].to_numpy(dtype=np.int64))
+        self._saw_uncovered(int(counts.sum()))
+        return None, ([k for k, e in zip(keys, empty) if not e], counts[~empty])
 
     def spilled_scores(self, i: int, threshold_picks: Sequence[int]) -> np.ndarray:
         """One job over threshold i's persisted histogram: exact scores given this threshold's picks so far.
@@ -173,15 +237,18 @@ class SparkCoverage:
         with step(f"maxcover histogram job: {label}, threshold {i + 1}, pick {len(picks) + 1}", self.timings):
             parts = self._spilled.mapInArrow(fn, "cand INT, n LONG").toPandas()
             self.counter.add_histogram_job(kind)
+        ids = parts["cand"].to_numpy(dtype=np.int64)
+        n = parts["n"].to_numpy(dtype=np.int64)
         exact = np.zeros(n_cand, dtype=np.int64)
-        if len(parts):
-            np.add.at(exact, parts["cand"].to_numpy(dtype=np.int64), parts["n"].to_numpy(dtype=np.int64))
+        np.add.at(exact, ids[ids >= 0], n[ids >= 0])
+        if not picks:
+            self._saw_uncovered(int(n[ids < 0].sum()))
         scores = last[2] - exact if update else exact
         self._last_scores = (i, picks, scores)
         return scores.copy()
 
     def __call__(self, i: int, covered_picks):
-        self.close()  # the previous threshold's histogram, if it stayed on the executors
+        self._release_spilled()  # the previous threshold's histogram, if it stayed on the executors
         spilled, hist = self.histogram(i, covered_picks)
         if hist is None:
             log.info(
