@@ -97,6 +97,14 @@ def _keys_to_csr(keys: list[bytes], n_candidates: int, chunk: int = 65_536) -> s
 SHRINK_FRACTION = 0.5
 
 
+def _has_candidate(v: int):
+    """Spark column: whether candidate v is in the packed signature ``sig`` (the bit ``kernels._has_bit`` tests)."""
+    from pyspark.sql import functions as F
+
+    byte = F.conv(F.hex(F.substring(F.col("sig"), v // 8 + 1, 1)), 16, 10).cast("int")
+    return byte.bitwiseAND(F.lit(0x80 >> (v % 8))) != 0
+
+
 class SparkCoverage:
     """The coverage loop's data access on Spark: a signature provider for ``core.run_coverage``.
 
@@ -234,8 +242,16 @@ class SparkCoverage:
         else:
             fn = histogram_score_aggregator(n_cand, exclude=picks)
             label, kind = "exact pick scores", "spilled histogram (scores)"
+        rows = self._spilled
+        test = None
+        for v in (picks[:-1] if update else picks):  # drop the rows holding an earlier pick in the JVM ...
+            test = ~_has_candidate(v) if test is None else test & ~_has_candidate(v)
+        if update:  # ... and keep only those holding the newest: Python receives just the rows it sums
+            test = _has_candidate(picks[-1]) if test is None else test & _has_candidate(picks[-1])
+        if test is not None:
+            rows = rows.where(test)
         with step(f"maxcover histogram job: {label}, threshold {i + 1}, pick {len(picks) + 1}", self.timings):
-            parts = self._spilled.mapInArrow(fn, "cand INT, n LONG").toPandas()
+            parts = rows.mapInArrow(fn, "cand INT, n LONG").toPandas()
             self.counter.add_histogram_job(kind)
         ids = parts["cand"].to_numpy(dtype=np.int64)
         n = parts["n"].to_numpy(dtype=np.int64)
