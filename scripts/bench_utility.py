@@ -173,21 +173,8 @@ def _np_cell_aggregates(unit, columns):
     def cell_aggregates(_df, _columns, sides, shifts, min_count=1, counter=None, timings=None):
         dim = len(columns)
         fn = passes.cell_aggregator(sides, shifts, columns, 1 << 16)
-        parts = list(fn(iter([pd.DataFrame(unit, columns=columns)])))
-        out = []
-        for level in range(len(sides)):
-            rows = [p for p in parts if len(p) and int(p["level"].iloc[0]) == level]
-            if not rows:
-                out.append((np.zeros((0, dim), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, dim), dtype=np.int64)))
-                continue
-            pdf = pd.concat(rows)
-            g = np.frombuffer(b"".join(bytes(c) for c in pdf["cell"]), dtype=np.int32).reshape(-1, dim).astype(np.int64)
-            n = pdf["n"].to_numpy(dtype=np.int64)
-            s = pdf[[f"s{j}" for j in range(dim)]].to_numpy(dtype=np.int64)
-            keep = n >= min_count
-            g, n, s = g[keep], n[keep], s[keep]
-            order = np.lexsort(g.T[::-1])
-            out.append((g[order], n[order], s[order]))
+        parts = list(fn(iter([pd.DataFrame(unit, columns=columns)])))  # one stream: one row per (level, cell)
+        out = passes.cells_by_level(pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(), len(sides), dim, min_count)
         if counter is not None:
             counter.add("candidate cells")
         return out

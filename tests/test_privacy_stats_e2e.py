@@ -32,6 +32,7 @@ from dpspark.errors import PrivacyAccountingError
 from dpspark.maxcover import candidates as cand_mod
 from dpspark.maxcover import core as cov_core
 from dpspark.maxcover import kernels as cov_kernels
+from dpspark.maxcover import passes as cov_passes
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.fixedpoint import SCALE
@@ -181,19 +182,11 @@ COLS = ["u0", "u1"]
 def numpy_cell_aggregates(df, columns, sides, shifts, min_count=1, counter=None, timings=None):
     dim = len(columns)
     parts = list(cov_kernels.cell_aggregator(sides, shifts, columns, 1 << 16)(iter([df])))
-    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["level", "cell", "n"])
-    out = []
-    for level in range(len(sides)):
-        acc: dict[bytes, np.ndarray] = {}
-        sel = rows[rows["level"] == level]
-        for cell, vals in zip(sel["cell"], sel[["n"] + [f"s{j}" for j in range(dim)]].to_numpy(dtype=np.int64)):
-            acc[bytes(cell)] = acc.get(bytes(cell), 0) + vals
-        keys = [k for k, v in acc.items() if v[0] >= min_count]  # the executors' filter (public min_count)
-        g = np.frombuffer(b"".join(keys), dtype=np.int32).reshape(-1, dim).astype(np.int64)
-        vals = np.array([acc[k] for k in keys], dtype=np.int64).reshape(-1, dim + 1)
-        order = np.lexsort(g.T[::-1])
-        out.append((g[order], vals[order, 0], vals[order, 1:]))
-    return out
+    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if len(rows):  # the Spark group-by: one row per (level, cell) (a single stream already is)
+        gcols = ["level"] + [f"g{j}" for j in range(dim)]
+        rows = rows.groupby(gcols, as_index=False).sum()
+    return cov_passes.cells_by_level(rows, len(sides), dim, min_count)
 
 
 class _Passes:

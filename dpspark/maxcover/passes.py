@@ -320,9 +320,21 @@ def cell_aggregates(df, columns: list[str], sides: Sequence[float], shifts: Sequ
         )
         if counter is not None:
             counter.add("candidate cells")
+    return cells_by_level(pdf, len(sides), dim)
+
+
+def cells_by_level(pdf, n_levels: int, dim: int, min_count: int = 1) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Rows (level, g0.., n, s0..) with one row per (level, cell) -> per level (cells, counts, sums), sorted by cell.
+
+    Keeps the rows with n >= ``min_count`` (Spark filters before collecting; numpy references here).
+    """
+    gcols = [f"g{j}" for j in range(dim)]
+    scols = [f"s{j}" for j in range(dim)]
     out = []
+    if len(pdf):
+        pdf = pdf[pdf["n"].to_numpy(dtype=np.int64) >= int(min_count)]
     levels = pdf["level"].to_numpy(dtype=np.int64) if len(pdf) else np.zeros(0, dtype=np.int64)
-    for level in range(len(sides)):
+    for level in range(n_levels):
         sel = np.flatnonzero(levels == level)
         if not sel.size:
             out.append((np.zeros((0, dim), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, dim), dtype=np.int64)))
