@@ -117,35 +117,76 @@ class InputTable:
     where: str | None = None
 
 
+def delta_snapshot(spark, path: str) -> tuple[int, str] | None:
+    """(latest version, table id) of the Delta table at ``path``, both from ONE fresh snapshot of its
+    log, or None when ``path`` holds no Delta table. No Spark job: the version, the id and the schema
+    come from the last commit's checksum file or log replay on the driver (``DESCRIBE DETAIL`` would
+    compute the whole table state, ``DESCRIBE HISTORY`` reads every commit file: five Spark jobs
+    together, several seconds for a small job)."""
+    try:
+        jvm = spark._jvm
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
+        pair = delta_log.forTableWithSnapshot(spark._jsparkSession, path)  # update()d: the latest commit
+    except Exception as exc:
+        if _delta_api_missing(exc):
+            return _delta_snapshot_public_api(spark, path)
+        raise
+    snapshot = pair._2()
+    version = int(snapshot.version())
+    if version < 0:  # no commit in path/_delta_log: not a Delta table (as DeltaTable.isDeltaTable)
+        return None
+    return version, str(snapshot.metadata().id())
+
+
+def _delta_api_missing(exc: Exception) -> bool:
+    """The JVM entry point is not there (Spark Connect, another Delta version), as opposed to a Java
+    exception raised by Delta itself (a corrupt log, no permission), which must propagate."""
+    from py4j.protocol import Py4JError, Py4JJavaError
+
+    if isinstance(exc, Py4JJavaError):
+        return False
+    return isinstance(exc, (AttributeError, TypeError, Py4JError))
+
+
+def _delta_snapshot_public_api(spark, path: str) -> tuple[int, str] | None:
+    """``delta_snapshot`` through delta-spark's public Python API (slower: DESCRIBE DETAIL and HISTORY)."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    table = DeltaTable.forPath(spark, path)
+    table_id = table.detail().select("id").first()["id"]
+    return int(table.history(1).select("version").first()["version"]), str(table_id)
+
+
 def _open(spark, path: str, fmt: str, version: int | None, timestamp: str | None) -> InputTable:
     if not _exists(spark, path):
         raise SchemaError(f"input table not found: input.path={path!r} does not exist")
+    found = delta_snapshot(spark, path)
     if fmt == "delta":
-        from delta.tables import DeltaTable
-        from pyspark.sql import functions as F
-
-        if not DeltaTable.isDeltaTable(spark, path):
+        if found is None:
             raise SchemaError(f"input.path={path!r} is not a Delta table (set input.format to parquet or csv?)")
-        table = DeltaTable.forPath(spark, path)
-        table_id = table.detail().select("id").first()["id"]
-        history = table.history()
-        latest = int(table.history(1).select("version").first()["version"])
+        latest, table_id = found
         if timestamp is not None:
-            found = history.where(F.col("timestamp") <= F.to_timestamp(F.lit(timestamp))).agg(F.max("version")).first()[0]
-            if found is None:
+            from delta.tables import DeltaTable
+            from pyspark.sql import functions as F
+
+            history = DeltaTable.forPath(spark, path).history()
+            found_version = (history.where(F.col("timestamp") <= F.to_timestamp(F.lit(timestamp)))
+                             .agg(F.max("version")).first()[0])
+            if found_version is None:
                 raise SchemaError(f"input.timestamp={timestamp!r}: the table {path!r} has no version at or before that time")
-            version = int(found)
+            version = int(found_version)
         elif version is None:
             version = latest
         elif version > latest:
             raise SchemaError(f"input.version={version} does not exist: the latest version of {path!r} is {latest}")
+        # Read exactly the version recorded (a commit after the snapshot is not read).
         df = spark.read.format("delta").option("versionAsOf", int(version)).load(path)
         return InputTable(df=df, path=path, ledger_key=f"delta-table:{table_id}", version=int(version))
     if version is not None or timestamp is not None:
         raise SchemaError(f"input.version and input.timestamp need a Delta table; {path!r} is read as {fmt}")
-    from delta.tables import DeltaTable
-
-    if DeltaTable.isDeltaTable(spark, path):  # one table, one key: a Delta table is read as Delta
+    if found is not None:  # one table, one key: a Delta table is read as Delta
         raise SchemaError(f"input.path={path!r} is a Delta table: set input.format to delta (reading its files as "
                           f"{fmt} would also read removed rows and charge another balance)")
     try:
@@ -165,15 +206,18 @@ def _open(spark, path: str, fmt: str, version: int | None, timestamp: str | None
 def ledger_key_of(spark, path: str, fmt: str | None = None) -> str:
     """The ledger key of the table at ``path`` (see ``InputTable``). ``fmt`` None: Delta if it is one."""
     path = qualify(path)
+    if not _exists(spark, path):
+        if fmt == "delta":
+            raise SchemaError(f"input table not found: input.path={path!r} does not exist")
+        raise SchemaError(f"table not found: {path!r} does not exist")
+    found = delta_snapshot(spark, path)
     if fmt is None:
-        from delta.tables import DeltaTable
-
-        fmt = "delta" if _exists(spark, path) and DeltaTable.isDeltaTable(spark, path) else "parquet"
+        fmt = "delta" if found is not None else "parquet"
     if fmt != "delta":
-        if not _exists(spark, path):
-            raise SchemaError(f"table not found: {path!r} does not exist")
         return canonical_path(spark, path)
-    return _open(spark, path, "delta", None, None).ledger_key
+    if found is None:
+        raise SchemaError(f"input.path={path!r} is not a Delta table (set input.format to parquet or csv?)")
+    return f"delta-table:{found[1]}"
 
 
 def load_input(spark, input_cfg, version: int | None = None) -> InputTable:
