@@ -27,7 +27,17 @@ run); an input without a cap in the ledger is refused. Whoever may write the led
 location is the ledger's administrator: runs need write access to charge, so the location must be
 one that users cannot rewrite by other means (see README, "Privacy model").
 
-Charging is one Delta MERGE on the balance row, whose update clause carries the budget condition
+Few commits per run (each is a Delta transaction of its own): the runner DEFERS its ``started``
+and ``charged`` events (``mark(..., defer=True)``, ``charge(..., defer=True)``): each is written,
+with its own time, in the same append as the attempt's next event, so a charged run costs the
+UPDATE and two appends: [started, charged, fit_started] before its fit reads any private value, and
+[succeeded] (or [..., failed], [..., killed], [started, refused]). An attempt that dies (SIGKILL)
+before that append leaves no ``started`` event, and, between its UPDATE and that append (no work
+in between), a charge without its ``charged`` event: that charge is spent for good, like any charge
+no retry may take over. A new ledger is created by the first ``set_budget``
+with its balance row and its ``set-budget`` event in its first commit.
+
+Charging is one Delta UPDATE of the balance row, whose WHERE clause carries the budget condition
 (the cap read from the same row, and the run's lower request), so the check and the charge are a
 single transaction on one snapshot. Two runs that charge the same input at the same moment both
 rewrite the balance row: Delta's optimistic concurrency lets one commit and fails the other with
@@ -45,6 +55,7 @@ import logging
 import math
 import random
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -104,6 +115,23 @@ def _balance_id(input_key: str, guarantee: str = "central") -> str:
     return "balance:" + hashlib.sha256(tag.encode()).hexdigest()[:32]
 
 
+def _sql_double(value) -> str:
+    """A finite float as a Spark SQL DOUBLE literal (``1e-06D``): exact, whatever its magnitude."""
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{value!r} is not a finite number")
+    return repr(value) + "D"
+
+
+def _sql_timestamp(when: datetime) -> str:
+    return f"TIMESTAMP '{when.isoformat(sep=' ')}'"
+
+
+def _table_name(path: str) -> str:
+    """``delta.`path``` with any backquote in the path doubled (Spark SQL's quoting rule)."""
+    return "delta.`" + path.replace("`", "``") + "`"
+
+
 def _check_guarantee(guarantee: str) -> None:
     if guarantee not in GUARANTEES:
         raise ValueError(f"guarantee={guarantee!r} should be one of {list(GUARANTEES)}")
@@ -117,6 +145,8 @@ def _is_conflict(exc: Exception) -> bool:
         # another run is creating the ledger right now: its first commit is not there yet
         # (seen as either error; DELTA_TABLE_NOT_FOUND in a fresh-clone run, two CLI runs at once)
         "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "DELTA_TABLE_NOT_FOUND",
+        # set_budget creates a new ledger with "errorifexists": another run created it first
+        "DELTA_PATH_EXISTS",
     ))
 
 
@@ -159,6 +189,9 @@ class Ledger:
     def __init__(self, spark, path: str):
         self.spark = spark
         self.path = path
+        self._ready = False  # the table exists with every column (checked once per instance)
+        self._pending: list[tuple] = []  # deferred event rows, written with the next append
+        self._lock = threading.Lock()
 
     # -- table --------------------------------------------------------------------
 
@@ -167,9 +200,13 @@ class Ledger:
 
         return DeltaTable.isDeltaTable(self.spark, self.path)
 
-    def _ensure_table(self, create: bool = True):
+    def _ensure_table(self, create: bool = True, fresh: bool = False):
+        """The ledger's DeltaTable (created empty if missing and ``create``), or None. The existence and
+        column check runs once per Ledger instance, and again when ``fresh`` (a retry after a conflict)."""
         from delta.tables import DeltaTable
 
+        if self._ready and not fresh:
+            return DeltaTable.forPath(self.spark, self.path)
         for attempt in range(MAX_ATTEMPTS):
             try:
                 if not DeltaTable.isDeltaTable(self.spark, self.path):
@@ -178,6 +215,7 @@ class Ledger:
                     DeltaTable.createIfNotExists(self.spark).location(self.path).addColumns(self.spark.createDataFrame([], SCHEMA).schema).execute()
                 table = DeltaTable.forPath(self.spark, self.path)
                 self._upgrade(table)
+                self._ready = True
                 return table
             except Exception as exc:  # concurrent creation by another run
                 if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
@@ -190,7 +228,7 @@ class Ledger:
         have = set(table.toDF().columns)
         missing = [f for f in SCHEMA.split(", ") if f.split()[0] not in have]
         if missing:
-            self.spark.sql(f"ALTER TABLE delta.`{self.path}` ADD COLUMNS ({', '.join(missing)})")
+            self.spark.sql(f"ALTER TABLE {_table_name(self.path)} ADD COLUMNS ({', '.join(missing)})")
 
     def _now(self):
         return datetime.now(timezone.utc).replace(tzinfo=None)
@@ -198,36 +236,61 @@ class Ledger:
     def _row(self, **values) -> tuple:
         return tuple(values.get(c) for c in COLUMNS)
 
+    def _event(self, **values) -> tuple:
+        """One event row (``run`` or ``admin``), timed now unless ``updated_at`` is given."""
+        values.setdefault("updated_at", self._now())
+        values["entry_id"] = f"{values['kind']}:{values.get('run_id') or ''}:{values['status']}:{uuid.uuid4().hex[:12]}"
+        return self._row(**values)
+
+    def _write_rows(self, rows: list[tuple], mode: str = "append") -> None:
+        self.spark.createDataFrame(rows, SCHEMA).coalesce(1).write.format("delta").mode(mode).save(self.path)
+
     # -- administration -------------------------------------------------------------
 
     @_small_table
     def set_budget(self, input_key: str, epsilon: float, delta: float, guarantee: str = "central",
                    input_seen: str | None = None, who: str | None = None, note: str | None = None) -> "LedgerTotals":
-        """Set (or raise, or lower) the cap of ``input_key``: the administrator's command, recorded as an event."""
+        """Set (or raise, or lower) the cap of ``input_key``: the administrator's command, recorded as an event.
+
+        One commit: on a new ledger, the table is created with the balance row and the event; else one
+        MERGE updates (or inserts) the balance row and inserts the event (its id is new: never matched)."""
         _check_guarantee(guarantee)
         if not (isinstance(epsilon, (int, float)) and epsilon > 0 and math.isfinite(epsilon)):
             raise ValueError(f"epsilon={epsilon!r} should be a finite number > 0")
         if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
             raise ValueError(f"delta={delta!r} should be in [0, 1)")
         who = who or actor()
-        source = self.spark.createDataFrame([self._row(
+        balance = self._row(
             entry_id=_balance_id(input_key, guarantee), kind="balance", input_path=input_key, epsilon=0.0, delta=0.0,
             status="total", updated_at=self._now(), guarantee=guarantee, cap_epsilon=float(epsilon),
-            cap_delta=float(delta), actor=who, input_seen=input_seen)], SCHEMA).alias("s")
+            cap_delta=float(delta), actor=who, input_seen=input_seen)
+        event = self._event(kind="admin", input_path=input_key, status="set-budget", guarantee=guarantee,
+                            cap_epsilon=float(epsilon), cap_delta=float(delta), actor=who, input_seen=input_seen,
+                            note=note)
+        created = False
         for attempt in range(MAX_ATTEMPTS):
             try:
-                table = self._ensure_table()
-                (table.alias("t").merge(source, "t.entry_id = s.entry_id")
-                 .whenMatchedUpdate(set={"cap_epsilon": "s.cap_epsilon", "cap_delta": "s.cap_delta",
-                                         "updated_at": "s.updated_at", "actor": "s.actor"})
-                 .whenNotMatchedInsertAll().execute())
+                if (attempt > 0 or not self._ready) and not self.exists():
+                    # A new ledger: created by this commit ("errorifexists": if another run created it
+                    # meanwhile, this write fails as a conflict and the retry MERGEs into theirs).
+                    self._write_rows([balance, event], mode="errorifexists")
+                    self._ready, created = True, True
+                else:
+                    table = self._ensure_table(fresh=attempt > 0)
+                    source = self.spark.createDataFrame([balance, event], SCHEMA).alias("s")
+                    (table.alias("t").merge(source, "t.entry_id = s.entry_id")
+                     .whenMatchedUpdate(set={"cap_epsilon": "s.cap_epsilon", "cap_delta": "s.cap_delta",
+                                             "updated_at": "s.updated_at", "actor": "s.actor"})
+                     .whenNotMatchedInsertAll().execute())
                 break
             except Exception as exc:
                 if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
                     raise
                 time.sleep(random.uniform(0.05, 0.5))
-        self._append(kind="admin", input_path=input_key, status="set-budget", guarantee=guarantee,
-                     cap_epsilon=float(epsilon), cap_delta=float(delta), actor=who, input_seen=input_seen, note=note)
+        if created:  # this commit made the table: nothing was ever charged
+            return LedgerTotals(input_path=input_key, spent_epsilon=0.0, spent_delta=0.0, budget_epsilon=float(epsilon),
+                                budget_delta=float(delta), guarantee=guarantee, ledger_cap_epsilon=float(epsilon),
+                                ledger_cap_delta=float(delta))
         return self.totals(input_key, guarantee=guarantee)
 
     # -- charging -----------------------------------------------------------------
@@ -236,52 +299,50 @@ class Ledger:
     def charge(self, input_key: str, run_id: str, algorithm: str, epsilon: float, delta: float,
                requested_epsilon: float | None = None, requested_delta: float | None = None, *,
                guarantee: str = "central", attempt: int | None = None, input_seen: str | None = None,
-               private: bool = True) -> LedgerTotals:
+               private: bool = True, defer: bool = False) -> LedgerTotals:
         """Charge (epsilon, delta) to ``input_key``'s ``guarantee`` total, or raise ``BudgetRefused``
         (recording the refusal). The cap is the ledger's; ``requested_*`` (the run's
-        ``privacy.budget``) can only lower it for this run. No cap in the ledger: refused."""
-        from pyspark.sql import functions as F
+        ``privacy.budget``) can only lower it for this run. No cap in the ledger: refused.
 
+        Commits: one UPDATE of the balance row whose WHERE clause is the budget condition (the check
+        and the charge, one transaction on one snapshot: ``MERGE``'s semantics, half its Spark jobs),
+        then one append of the deferred events and ``charged`` (or ``refused``). No ledger table at
+        all: refused without an UPDATE (no table, no cap), the append creates the table.
+
+        ``defer``: a ``charged`` event is deferred like ``mark(..., defer=True)``: written with this
+        Ledger's next event (the runner's ``fit_started``, or ``failed``/``killed``), one commit fewer.
+        A refusal is always written at once."""
         _check_guarantee(guarantee)
         note = None if private else NOT_PRIVATE_NOTE
-        source = self.spark.createDataFrame([self._row(
-            entry_id=_balance_id(input_key, guarantee), kind="balance", input_path=input_key,
-            epsilon=float(epsilon), delta=float(delta), status="total", updated_at=self._now(), guarantee=guarantee,
-        )], SCHEMA).alias("s")
-        cap_eps = F.col("t.cap_epsilon")
-        cap_delta = F.coalesce(F.col("t.cap_delta"), F.lit(0.0))
-        if requested_epsilon is not None:
-            cap_eps = F.least(cap_eps, F.lit(float(requested_epsilon)))
-            cap_delta = F.least(cap_delta, F.lit(float(requested_delta or 0.0)))
-        fits = (F.col("t.cap_epsilon").isNotNull()
-                & (F.col("t.epsilon") + F.col("s.epsilon") <= cap_eps * F.lit(1 + REL_TOL))
-                & (F.col("t.delta") + F.col("s.delta") <= cap_delta * F.lit(1 + REL_TOL)))
         charged = False
-        for attempt_no in range(MAX_ATTEMPTS):
-            try:
-                table = self._ensure_table()  # again on a retry: a half-created ledger is seen afresh
-                metrics = (
-                    table.alias("t")
-                    .merge(source, "t.entry_id = s.entry_id")
-                    .whenMatchedUpdate(condition=fits, set={
-                        "epsilon": "t.epsilon + s.epsilon",
-                        "delta": "t.delta + s.delta",
-                        "updated_at": "s.updated_at",
-                    })
-                    .execute()
-                    .first()
-                )
-                charged = int(metrics["num_updated_rows"]) == 1
-                break
-            except Exception as exc:
-                if not _is_conflict(exc) or attempt_no == MAX_ATTEMPTS - 1:
-                    raise
-                log.info("ledger: concurrent charge on %s, retrying (attempt %d)", input_key, attempt_no + 2)
-                time.sleep(random.uniform(0.05, 0.5))
+        if self._ready or self.exists():
+            cap_eps = "cap_epsilon"
+            cap_delta = "coalesce(cap_delta, 0.0D)"
+            if requested_epsilon is not None:
+                cap_eps = f"least({cap_eps}, {_sql_double(requested_epsilon)})"
+                cap_delta = f"least({cap_delta}, {_sql_double(requested_delta or 0.0)})"
+            eps, dlt, tol = _sql_double(epsilon), _sql_double(delta), _sql_double(1 + REL_TOL)
+            update = (
+                f"UPDATE {_table_name(self.path)} "
+                f"SET epsilon = epsilon + {eps}, delta = delta + {dlt}, updated_at = {_sql_timestamp(self._now())} "
+                f"WHERE entry_id = '{_balance_id(input_key, guarantee)}' AND cap_epsilon IS NOT NULL "
+                f"AND epsilon + {eps} <= {cap_eps} * {tol} AND delta + {dlt} <= {cap_delta} * {tol}"
+            )
+            for attempt_no in range(MAX_ATTEMPTS):
+                try:
+                    self._ensure_table(fresh=attempt_no > 0)  # a retry sees a half-created ledger afresh
+                    charged = int(self.spark.sql(update).collect()[0]["num_affected_rows"]) == 1
+                    break
+                except Exception as exc:
+                    if not _is_conflict(exc) or attempt_no == MAX_ATTEMPTS - 1:
+                        raise
+                    log.info("ledger: concurrent charge on %s, retrying (attempt %d)", input_key, attempt_no + 2)
+                    time.sleep(random.uniform(0.05, 0.5))
         totals = self.totals(input_key, requested_epsilon, requested_delta, guarantee=guarantee)
         if not charged:
-            self._append(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm, epsilon=0.0, delta=0.0,
-                         status="refused", guarantee=guarantee, attempt=attempt, input_seen=input_seen, note=note)
+            self._append(dict(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm, epsilon=0.0,
+                              delta=0.0, status="refused", guarantee=guarantee, attempt=attempt, input_seen=input_seen,
+                              note=note))
             if totals.ledger_cap_epsilon is None:
                 raise BudgetRefused(
                     f"privacy budget refused for input {input_seen or input_key!r} (ledger key {input_key}): the ledger "
@@ -294,17 +355,35 @@ class Ledger:
                 f"delta={delta:g} ({guarantee}); already spent epsilon={totals.spent_epsilon:g}, delta={totals.spent_delta:g} "
                 f"of the budget epsilon={totals.budget_epsilon:g}, delta={(totals.budget_delta or 0.0):g} (ledger {self.path})"
             )
-        self._append(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm, epsilon=float(epsilon),
-                     delta=float(delta), status="charged", guarantee=guarantee, attempt=attempt, input_seen=input_seen,
-                     note=note)
+        charged_event = dict(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm,
+                             epsilon=float(epsilon), delta=float(delta), status="charged", guarantee=guarantee,
+                             attempt=attempt, input_seen=input_seen, note=note)
+        if defer:
+            with self._lock:
+                self._pending.append(self._event(**charged_event))
+        else:
+            self._append(charged_event)
         return totals
 
     @_small_table
     def mark(self, input_key: str, run_id: str, status: str, *, attempt: int | None = None,
-             guarantee: str | None = None, note: str | None = None) -> None:
-        """Record a run's event (``started``, ``reused``, ``succeeded``, ``failed``, ``killed``); a charge is never given back."""
-        self._append(kind="run", input_path=input_key, run_id=run_id, epsilon=0.0, delta=0.0, status=status,
+             guarantee: str | None = None, note: str | None = None, defer: bool = False) -> None:
+        """Record a run's event (``started``, ``reused``, ``succeeded``, ``failed``, ``killed``); a charge is never given back.
+
+        ``defer``: timed now, but written with this Ledger's next event, in the same commit (the
+        runner defers ``started``; see the module docstring)."""
+        event = dict(kind="run", input_path=input_key, run_id=run_id, epsilon=0.0, delta=0.0, status=status,
                      attempt=attempt, guarantee=guarantee, note=note)
+        if defer:
+            with self._lock:
+                self._pending.append(self._event(**event))
+            return
+        self._append(event)
+
+    @property
+    def pending(self) -> int:
+        """How many deferred events wait for the next append."""
+        return len(self._pending)
 
     @_small_table
     def claim_charge(self, input_key: str, run_id: str, charged_attempt: int, attempt: int) -> bool:
@@ -314,8 +393,8 @@ class Ledger:
             epsilon=0.0, delta=0.0, status="claimed", updated_at=self._now(), attempt=int(attempt))], SCHEMA).alias("s")
         for attempt_no in range(MAX_ATTEMPTS):
             try:
-                metrics = (self._ensure_table().alias("t").merge(source, "t.entry_id = s.entry_id")
-                           .whenNotMatchedInsertAll().execute().first())
+                metrics = (self._ensure_table(fresh=attempt_no > 0).alias("t").merge(source, "t.entry_id = s.entry_id")
+                           .whenNotMatchedInsertAll().execute().collect()[0])
                 return int(metrics["num_inserted_rows"]) == 1
             except Exception as exc:
                 if not _is_conflict(exc) or attempt_no == MAX_ATTEMPTS - 1:
@@ -323,12 +402,30 @@ class Ledger:
                 time.sleep(random.uniform(0.05, 0.5))
         return False
 
-    def _append(self, **values) -> None:
-        """Append one event. Blind appends never conflict with other transactions."""
-        values.setdefault("updated_at", self._now())
-        values["entry_id"] = f"{values['kind']}:{values.get('run_id') or ''}:{values['status']}:{uuid.uuid4().hex[:12]}"
-        self._ensure_table()
-        self.spark.createDataFrame([self._row(**values)], SCHEMA).coalesce(1).write.format("delta").mode("append").save(self.path)
+    def _append(self, *events: dict) -> None:
+        """Append the deferred events and ``events`` in ONE commit. Blind appends never conflict with
+        other transactions; only a ledger created at the same moment by another run makes this
+        retry. If the write fails, the deferred events wait for the next one."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        rows = pending + [self._event(**values) for values in events]
+        try:
+            for attempt_no in range(MAX_ATTEMPTS):
+                try:
+                    if not self._ready and self.exists():
+                        self._ensure_table()  # a ledger of an older dpspark gets the newer columns first
+                    self._write_rows(rows)  # no ledger yet: this append creates it, with every column
+                    self._ready = True
+                    break
+                except Exception as exc:
+                    if not _is_conflict(exc) or attempt_no == MAX_ATTEMPTS - 1:
+                        raise
+                    self._ready = False
+                    time.sleep(random.uniform(0.05, 0.3))
+        except BaseException:
+            with self._lock:
+                self._pending = pending + self._pending
+            raise
 
     # -- reading ------------------------------------------------------------------
 
@@ -338,10 +435,12 @@ class Ledger:
         from pyspark.sql import functions as F
 
         row = None
-        if self.exists():  # no ledger yet: nothing was ever charged, no cap set
+        if self._ready or self.exists():  # no ledger yet: nothing was ever charged, no cap set
             df = self.spark.read.format("delta").load(self.path)
             cols = ["epsilon", "delta"] + [c for c in ("cap_epsilon", "cap_delta") if c in df.columns]
-            row = df.where(F.col("entry_id") == _balance_id(input_key, guarantee)).select(*cols).first()
+            # collect, not first(): one Spark job (a limit scans partitions in growing rounds); the id is unique
+            rows = df.where(F.col("entry_id") == _balance_id(input_key, guarantee)).select(*cols).collect()
+            row = rows[0] if rows else None
         cap_eps = row["cap_epsilon"] if row is not None and "cap_epsilon" in row else None
         cap_delta = (row["cap_delta"] or 0.0) if cap_eps is not None else None
         eff_eps, eff_delta = cap_eps, cap_delta
