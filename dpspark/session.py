@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -53,12 +54,110 @@ def ivy_dir() -> str:
     return os.environ.get("DPSPARK_IVY_DIR") or str(project_root() / ".cache" / "ivy")
 
 
+def _artifact(jar_name: str, ivy: bool = False) -> str:
+    """The artifact of a JAR file name: ``hadoop-client-api`` of Spark's ``hadoop-client-api-3.5.0.jar``
+    and of Ivy's ``org.apache.hadoop_hadoop-client-api-3.4.2.jar`` (``<organisation>_<artifact>-<revision>``;
+    with ``ivy``, everything up to the first ``_`` is the organisation)."""
+    name = jar_name[:-4] if jar_name.endswith(".jar") else jar_name
+    if ivy:
+        name = name.split("_", 1)[-1]
+    match = re.match(r"^(.*?)-\d", name)
+    return match.group(1) if match else name
+
+
+def _spark_artifacts() -> set[str]:
+    """The artifacts Spark itself ships (``$SPARK_HOME/jars``, pyspark's ``jars/``)."""
+    try:
+        from pyspark.find_spark_home import _find_spark_home
+
+        home = Path(_find_spark_home())
+    except Exception:
+        return set()
+    return {_artifact(p.name) for p in (home / "jars").glob("*.jar")}
+
+
 def cached_delta_jars() -> list[str]:
-    """The Delta JARs (and their dependencies) already fetched into the Ivy cache, if any."""
+    """The Delta JARs (and their dependencies) already fetched into the Ivy cache, if any.
+
+    Without the artifacts Spark already ships in another version (Hadoop client, Parquet, Jackson,
+    log4j, slf4j, snappy, zstd, ...: about 70 of the 86 MB Ivy fetches for delta-spark). Spark's
+    class loader looks in its own JARs first, so those copies were never used; but every JAR given
+    to ``spark.jars`` is copied to the executors and opened at the first task of a session."""
     jars = Path(ivy_dir()) / "jars"
     if not any(jars.glob(f"io.delta_delta-spark_{SPARK_MINOR}_2.13-{DELTA_VERSION}.jar")):
         return []
-    return sorted(str(p) for p in jars.glob("*.jar"))
+    shipped = _spark_artifacts()
+    return sorted(str(p) for p in jars.glob("*.jar") if p.name.startswith("io.delta_") or _artifact(p.name, ivy=True) not in shipped)
+
+
+# A small job's JVM spends most of its life warming up: loading classes and compiling the code paths
+# of a few Delta reads, writes and one UPDATE, each run once or twice. On a machine with few cores,
+# C2 (the optimizing JIT) then competes with the job itself for the cores; stopping at C1 made the
+# demo's whole process about a third faster on 2 cores (scripts/bench_demo.py). C1 code is slower
+# in long hot loops, so this is only for jobs that have none: the `dpspark ledger` commands and
+# runs whose input is a small local table (``small_input``), never under spark-submit, and never
+# over a user's own ``spark.driver.extraJavaOptions``. Such a job starts no web UI either (a
+# config's ``spark.conf`` can switch it on). $DPSPARK_SMALL_JOB=0 switches all this off, 1 on.
+SMALL_JOB_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+SMALL_INPUT_BYTES = 32 * 1024 * 1024
+
+
+def small_input(path: str | None, limit: int = SMALL_INPUT_BYTES, max_entries: int = 2000) -> bool:
+    """True if ``path`` is a LOCAL table directory (or file) of at most ``limit`` bytes, counted with a
+    bounded walk (any error, a remote URI, more than ``max_entries`` entries: False). A Delta table's
+    removed files still count (an overestimate: then the default JIT). Only chooses JVM options (the
+    speed of the process); nothing of it reaches an output."""
+    from dpspark.tables import local_path
+
+    local = local_path(path) if path else None
+    if local is None:
+        return False
+    total, seen, stack = 0, 0, [local]
+    try:
+        while stack:
+            top = stack.pop()
+            if os.path.isfile(top):
+                total += os.path.getsize(top)
+                seen += 1
+            else:
+                with os.scandir(top) as entries:
+                    for entry in entries:
+                        seen += 1
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        elif entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+            if total > limit or seen > max_entries:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def _small_job_options(small_job: bool, conf: dict) -> str | None:
+    forced = os.environ.get("DPSPARK_SMALL_JOB")
+    if forced is not None:
+        small_job = forced.strip() not in ("", "0", "false", "no")
+    if not small_job or "spark.driver.extraJavaOptions" in conf or _defaults_set_java_options():
+        return None
+    return SMALL_JOB_JAVA_OPTIONS
+
+
+def _defaults_set_java_options() -> bool:
+    """Does spark-defaults.conf ($SPARK_CONF_DIR, or $SPARK_HOME/conf) set the driver's JVM options?"""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        try:
+            from pyspark.find_spark_home import _find_spark_home
+
+            conf_dir = os.path.join(_find_spark_home(), "conf")
+        except Exception:
+            return False
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as handle:
+            return any(line.split()[:1] == ["spark.driver.extraJavaOptions"] for line in handle)
+    except OSError:
+        return False
 
 
 def launched_by_spark_submit() -> bool:
@@ -66,8 +165,10 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def build_session(master: str | None = None, app_name: str = "dpspark", conf: dict | tuple = (), testing: bool = False):
-    """Get or create the SparkSession, with Delta Lake configured."""
+def build_session(master: str | None = None, app_name: str = "dpspark", conf: dict | tuple = (), testing: bool = False,
+                  small_job: bool = False):
+    """Get or create the SparkSession, with Delta Lake configured. ``small_job``: a new local JVM starts
+    with ``SMALL_JOB_JAVA_OPTIONS`` (see there)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -89,6 +190,10 @@ def build_session(master: str | None = None, app_name: str = "dpspark", conf: di
             builder = builder.config(key, value)
         if testing:
             builder = builder.config("spark.ui.enabled", "false")
+        java_options = _small_job_options(small_job, dict(conf))
+        if java_options:
+            builder = builder.config("spark.driver.extraJavaOptions", java_options)
+            builder = builder.config("spark.ui.enabled", "false")  # no web UI to start for a job of seconds
     for key, value in dict(conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
