@@ -139,12 +139,19 @@ def main(argv: list[str] | None = None, spark=None) -> int:
         run_id = new_run_id()
     outcome = {"run_id": run_id, "attempt": None, "status": None, "exit_code": None, "epsilon_spent": 0.0,
                "delta_spent": 0.0, "input_version": None, "outputs": None, "error": None}
+    before: dict = {}  # steps before the runner's, for the run record
     with _signals_stop_the_run():
         try:
             if spark is None:
+                from dpspark.progress import step
                 from dpspark.session import build_session
 
-                spark = build_session(config.spark.master, config.spark.app_name, dict(config.spark.conf))
+                imports = _import_while_the_jvm_starts(config) if args.command == "run" else None
+                with step("start Spark session", before):
+                    spark = build_session(config.spark.master, config.spark.app_name, dict(config.spark.conf),
+                                          small_job=args.command == "run" and _small_job(config))
+                if imports is not None:
+                    imports.join()
             if args.command == "advance":
                 # Publishes round parameters computed from clients' LDP reports (post-processing of
                 # what the clients already released); reads no private rows, charges nothing.
@@ -155,7 +162,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
                 return EXIT_OK
             from dpspark.runner import run
 
-            result = run(config, spark, run_id=run_id, force=bool(args.force))
+            result = run(config, spark, run_id=run_id, force=bool(args.force), timings=before)
         except RunKilled as exc:
             print(f"dpspark: run {run_id} {exc}; recorded as killed", file=sys.stderr)
             _finish_outcome(outcome, spark, config, run_id, "killed", exc.exit_code, str(exc))
@@ -183,6 +190,44 @@ def main(argv: list[str] | None = None, spark=None) -> int:
                    outputs=s.get("outputs"))
     _print_json(as_json, outcome)
     return EXIT_OK
+
+
+def _import_while_the_jvm_starts(config):
+    """A thread that imports what the run needs next (the runner, the family's estimator, the
+    report: numpy, pandas, scipy, scikit-learn, matplotlib, seconds of work) while this thread starts
+    the JVM, which is mostly waiting. It imports numpy, pyarrow and pandas first, the order of the
+    session's own imports, and nothing of pyspark (the session's thread imports that), so the two
+    never wait on each other's half-imported modules in a cycle. An import error there is ignored:
+    the run imports the same modules again and reports it."""
+    import threading
+
+    def work():
+        try:
+            import numpy  # noqa: F401
+            import pyarrow  # noqa: F401
+            import pandas  # noqa: F401
+
+            from dpspark.runner import estimator_class
+
+            estimator_class(config.algorithm.name)
+            if config.output.report:
+                import dpspark.report  # noqa: F401
+        except BaseException:  # the main thread imports them again and reports any error
+            pass
+
+    thread = threading.Thread(target=work, name="dpspark-imports", daemon=True)
+    thread.start()
+    return thread
+
+
+def _small_job(config) -> bool:
+    """A run over a small local input table: its JVM starts with the small-job options
+    (``dpspark.session.SMALL_JOB_JAVA_OPTIONS``: start-up speed only, nothing else changes)."""
+    from dpspark.session import small_input
+
+    if getattr(config.input, "table", None):
+        return False
+    return small_input(config.input.path)
 
 
 def _finish_outcome(outcome, spark, config, run_id, status, code, error) -> None:
@@ -257,7 +302,7 @@ def _ledger_command(args, spark) -> int:
         if spark is None:
             from dpspark.session import build_session
 
-            spark = build_session(app_name="dpspark-ledger")
+            spark = build_session(app_name="dpspark-ledger", small_job=True)  # a few small-table operations
         ledger = Ledger(spark, tables.qualify(args.ledger))
         if args.ledger_command == "set-budget":
             key = tables.ledger_key_of(spark, args.input)

@@ -3,7 +3,8 @@
     pre-flight, no Spark job over the data: output and ledger locations usable
     -> earlier attempts of this run id (``runs/``): a run id that succeeded is not run again
        (exit 0, nothing charged or released) unless ``force``
-    -> a ``running`` row in ``runs/`` (attempt N) and a ``started`` ledger event
+    -> a ``running`` row in ``runs/`` (attempt N) and a ``started`` ledger event (timed here, written
+       in one commit with the attempt's next ledger events: see dpspark.privacy.ledger)
     -> open the input (schema, Delta version: a retry reads its first attempt's version),
        check every public input (candidate table, ldp rounds) BEFORE the charge
     -> charge the ledger with the run's declared (epsilon, delta), or refuse (exit 3); or reuse
@@ -103,7 +104,9 @@ def _now():
 def _reusable_charge(ledger, input_key: str, run_id: str, plan: tuple, guarantee: str):
     """The attempt whose charge this attempt may take over, or None (see the module docstring).
 
-    Decided from the LEDGER only (``runs/`` lives under a user-writable output path): the latest
+    Only asked when ``runs/`` lists earlier attempts of this run id: without one there is nothing to
+    take over, and a ``runs/`` edited to hide earlier attempts only makes the run pay again (it never
+    reuses less safely). Decided from the LEDGER only (``runs/`` lives under a user-writable output path): the latest
     charged attempt of this run id ended (failed or killed, recorded) without a ``fit_started``
     event, nothing of this run id succeeded, and its charge was for the same (epsilon, delta,
     guarantee). The caller must still win ``Ledger.claim_charge`` (one taker per charge).
@@ -136,12 +139,15 @@ def _error_text(exc: BaseException, fit_started: bool) -> str:
     return f"{type(exc).__name__} during the fit (details in the driver log only: they may quote private values)"
 
 
-def run(config, spark, run_id: str | None = None, randomness: Randomness | None = None, force: bool = False) -> RunResult:
+def run(config, spark, run_id: str | None = None, randomness: Randomness | None = None, force: bool = False,
+        timings: dict | None = None) -> RunResult:
+    """One attempt of ``run_id`` (see the module docstring). ``timings``: steps measured before the
+    call (the command line passes "start Spark session"), kept first in the run record's timings."""
     run_id = run_id or new_run_id()
     if not tables.RUN_ID_PATTERN.match(run_id):
         raise ValueError(f"invalid run id {run_id!r}")
     started = _now()
-    timings: dict = {}
+    timings = dict(timings or {})
     paths = output_paths(tables.qualify(config.output.path))
     randomness = randomness or Randomness(config.seed)
     estimator = estimator_class(config.algorithm.name).from_config(config, randomness=randomness)
@@ -192,9 +198,10 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         "privacy_note": privacy_note, "guarantee": guarantee, "charge_reused_from": None, "error": None,
         "charged": False, "fit_started": False, "non_private_operational": None,
     }
-    # A new attempt: the previous summary.json must not be read as this run's result.
-    tables.delete_file(spark, paths["summary"])
-    tables.write_run_record(spark, paths["runs"], record)
+    with step("write runs table (running)", timings):
+        # A new attempt: the previous summary.json must not be read as this run's result.
+        tables.delete_file(spark, paths["summary"])
+        tables.write_run_record(spark, paths["runs"], record)
     input_key = None
     wrote_outputs = False
     try:
@@ -204,9 +211,10 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         input_key = table.ledger_key
         record.update(input_path=table.path, input_key=input_key, input_version=table.version)
         if ledger is not None:
-            with step("privacy ledger: start", timings):
-                ledger.mark(input_key, run_id, "started", attempt=attempt, guarantee=guarantee,
-                            note=None if private else NOT_PRIVATE_NOTE)
+            # Timed now, written in one commit with this attempt's next ledger events (charged and
+            # fit_started, or refused, reused, failed, ...): see dpspark.privacy.ledger.
+            ledger.mark(input_key, run_id, "started", attempt=attempt, guarantee=guarantee,
+                        note=None if private else NOT_PRIVATE_NOTE, defer=True)
         if pinned is not None and config.input.version is None and config.input.timestamp is None:
             log.info("attempt %d of run %s reads version %s of the input, as its first attempt did", attempt, run_id, pinned)
 
@@ -230,23 +238,27 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         ledger_totals = None
         if ledger is not None:
             budget = config.privacy.budget
-            reuse = _reusable_charge(ledger, input_key, run_id, (plan_eps, plan_delta), guarantee)
-            if reuse is not None and not ledger.claim_charge(input_key, run_id, reuse, attempt):
-                reuse = None  # another attempt took it over first: charge as usual
+            reuse = None
+            if earlier:  # a first attempt has no earlier charge to take over (see _reusable_charge)
+                with step("privacy ledger: earlier attempts", timings):
+                    reuse = _reusable_charge(ledger, input_key, run_id, (plan_eps, plan_delta), guarantee)
+                    if reuse is not None and not ledger.claim_charge(input_key, run_id, reuse, attempt):
+                        reuse = None  # another attempt took it over first: charge as usual
             try:
                 with step("privacy ledger: charge", timings):
                     if reuse is not None:
-                        ledger.mark(input_key, run_id, "reused", attempt=attempt, guarantee=guarantee,
+                        ledger.mark(input_key, run_id, "reused", attempt=attempt, guarantee=guarantee, defer=True,
                                     note=f"reuses the charge of attempt {reuse}, which ended before its fit started")
                         ledger_totals = ledger.totals(input_key, budget.epsilon if budget else None,
                                                       budget.delta if budget else None, guarantee=guarantee)
                         record["charge_reused_from"] = reuse
                         log.info("attempt %d reuses the charge of attempt %d (it released nothing)", attempt, reuse)
                     else:
+                        # ``charged`` is written with ``fit_started`` below (or ``failed``/``killed``), one commit
                         ledger_totals = ledger.charge(
                             input_key, run_id, config.algorithm.name, plan_eps, plan_delta,
                             budget.epsilon if budget else None, budget.delta if budget else None,
-                            guarantee=guarantee, attempt=attempt, input_seen=table.path, private=private,
+                            guarantee=guarantee, attempt=attempt, input_seen=table.path, private=private, defer=True,
                         )
             except BudgetRefused as exc:
                 record.update(status="refused", ended_at=_now(), error=str(exc))
@@ -256,7 +268,8 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             record.update(epsilon_spent=plan_eps, delta_spent=plan_delta, charged=True)
 
         if ledger is not None:  # from here on this attempt's charge is spent for good
-            ledger.mark(input_key, run_id, "fit_started", attempt=attempt, guarantee=guarantee)
+            with step("privacy ledger: fit started", timings):
+                ledger.mark(input_key, run_id, "fit_started", attempt=attempt, guarantee=guarantee)
         record["fit_started"] = True
         operational: dict = {}
         with step(f"{config.algorithm.name}: fit", timings):
@@ -273,9 +286,6 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
                       parameters=_json({**config.to_dict(), "fitted": model.parameters}))
         degenerate = _collapse(config, model)
         wrote_outputs = True  # from here a failure deletes what this attempt wrote
-        with step("write centers table", timings):
-            tables.write_centers(spark, paths["centers"], run_id, model.feature_names, model.centers,
-                                 model.noisy_weights, private=private)
         summary = {
             "run_id": run_id, "attempt": attempt, "status": "succeeded", "algorithm": config.algorithm.name,
             "objective": config.algorithm.objective, "k": config.algorithm.k,
@@ -296,9 +306,20 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         }
         if diagnostics is not None:
             summary["non_private_diagnostics"] = {k: v for k, v in diagnostics.items() if k != "data_sample"}
+        # The report is drawn (on the driver, from released values) while the centers are written (in
+        # the JVM), unless it draws the step timings (diagnostics), which include that write.
+        drawing = None
+        if config.output.report and diagnostics is None:
+            drawing = _Background(_render_report, _report_info(summary, timings, diagnostics, config))
+        with step("write centers table", timings):
+            tables.write_centers(spark, paths["centers"], run_id, model.feature_names, model.centers,
+                                 model.noisy_weights, private=private)
         if config.output.report:
             with step("write report.png", timings):
-                _write_report(spark, paths["report"], paths["report_html"], summary, timings, diagnostics, config)
+                png, page = (drawing.result() if drawing is not None
+                             else _render_report(_report_info(summary, timings, diagnostics, config)))
+                tables.write_bytes(spark, paths["report"], png)
+                tables.write_bytes(spark, paths["report_html"], page)
         if diagnostics is not None:
             summary["non_private_timings"] = _phase_timings(timings, config.algorithm.name)
         record.update(status="succeeded", ended_at=_now())
@@ -324,7 +345,8 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             log.error("could not record the end of run %s:\n%s", run_id, traceback.format_exc())
         raise
     if ledger is not None:
-        ledger.mark(input_key, run_id, "succeeded", attempt=attempt, guarantee=guarantee)
+        with step("privacy ledger: end", timings):  # after the run record: in the log only
+            ledger.mark(input_key, run_id, "succeeded", attempt=attempt, guarantee=guarantee)
     return RunResult(run_id=run_id, status="succeeded", summary=summary, outputs=paths, model=model, attempt=attempt,
                      input_version=table.version)
 
@@ -409,9 +431,32 @@ def _public_domain(config) -> dict:
     return {"radius": d.radius} if d.radius is not None else {"lower": list(d.lower), "upper": list(d.upper)}
 
 
-def _write_report(spark, path, html_path, summary, timings, diagnostics, config=None):
-    from dpspark.report import build_html, write_report
+class _Background:
+    """``fn(*args)`` in a daemon thread; ``result()`` waits and returns its value or raises its error."""
 
+    def __init__(self, fn, *args):
+        import threading
+
+        self._value = self._error = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name="dpspark-background", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, args):
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # handed to the caller of result()
+            self._error = exc
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _report_info(summary, timings, diagnostics, config=None) -> dict:
+    """What report.png and report.html draw: released values and public parameters (and, with
+    diagnostics, the non-private ones, labelled so)."""
     info = {
         "run_id": summary["run_id"], "algorithm": summary["algorithm"], "objective": summary["objective"],
         "k": summary["k"], "epsilon_spent": summary["epsilon_spent"], "delta_spent": summary["delta_spent"],
@@ -426,13 +471,19 @@ def _write_report(spark, path, html_path, summary, timings, diagnostics, config=
     }
     if config is not None:
         info["domain"] = _public_domain(config)
+    return info
+
+
+def _render_report(info: dict) -> tuple[bytes, bytes]:
+    """(report.png, report.html) as bytes; matplotlib's object API only (no pyplot): any thread."""
+    from dpspark.report import build_html, write_report
+
     with tempfile.TemporaryDirectory() as tmp:
         local = os.path.join(tmp, "report.png")
         write_report(local, info)
         with open(local, "rb") as handle:
             png = handle.read()
-    tables.write_bytes(spark, path, png)
-    tables.write_bytes(spark, html_path, build_html(info, png).encode("utf-8"))
+    return png, build_html(info, png).encode("utf-8")
 
 
 def _diagnostics(spark, model, df) -> dict:
