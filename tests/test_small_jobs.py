@@ -1,0 +1,265 @@
+"""Small jobs without a fixed tax (issue 15, item 3): the input's version and id from ONE snapshot
+(no Spark job), a charged run's ledger events in few commits (the deferred ``started``), a new ledger
+created with its first balance in one commit, the retry-only ledger read, and the Delta JARs
+without the copies of Spark's own. The guarantees are the same as before: the tests check them too."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from dpspark import session, tables
+from dpspark.cli import main
+from dpspark.privacy.ledger import Ledger
+
+from test_pipeline import make_config, points_frame, set_budget
+
+
+def _jobs(spark, fn):
+    """(fn's result, the Spark jobs it ran)."""
+    sc = spark.sparkContext
+    group = f"small-jobs-{id(fn)}"
+    sc.setJobGroup(group, group)
+    try:
+        result = fn()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return result, len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+def _ledger_versions(spark, path) -> int:
+    from delta.tables import DeltaTable
+
+    return int(DeltaTable.forPath(spark, path).history(1).first()["version"]) + 1
+
+
+def test_one_snapshot_gives_the_latest_version_and_the_table_id_without_a_spark_job(spark, tmp_path, write_delta):
+    from delta.tables import DeltaTable
+
+    path = write_delta(points_frame(20))
+    spark.createDataFrame(points_frame(5)).write.format("delta").mode("append").save(path)
+    found, jobs = _jobs(spark, lambda: tables.delta_snapshot(spark, path))
+    table = DeltaTable.forPath(spark, path)
+    assert found == (1, table.detail().first()["id"]) and table.history(1).first()["version"] == 1
+    assert jobs == 0
+    # Every spelling of the path is one table (the key is the id in its metadata).
+    assert tables.ledger_key_of(spark, "file://" + path + "/") == tables.ledger_key_of(spark, path) == f"delta-table:{found[1]}"
+    # Not a Delta table: None (a Parquet directory, an empty one); reading it as Delta is refused.
+    parquet = str(tmp_path / "plain")
+    spark.createDataFrame(points_frame(5)).write.parquet(parquet)
+    (tmp_path / "empty").mkdir()
+    assert tables.delta_snapshot(spark, parquet) is None and tables.delta_snapshot(spark, str(tmp_path / "empty")) is None
+    with pytest.raises(tables.SchemaError, match="not a Delta table"):
+        tables.load_table(spark, parquet, "delta")
+    with pytest.raises(tables.SchemaError, match="is a Delta table"):
+        tables.load_table(spark, path, "parquet")
+
+
+def test_the_input_is_read_at_the_snapshots_version_even_if_the_table_moves_on(spark, tmp_path, write_delta, monkeypatch):
+    """The version recorded (and charged for) is the version read: a commit after the snapshot is not read."""
+    path = write_delta(points_frame(20))  # 60 rows, version 0
+    real = tables.delta_snapshot
+
+    def snapshot_then_a_commit(spark_, p):
+        found = real(spark_, p)
+        spark.createDataFrame(points_frame(5)).write.format("delta").mode("append").save(path)  # version 1
+        return found
+
+    monkeypatch.setattr(tables, "delta_snapshot", snapshot_then_a_commit)
+    cfg = type("Input", (), {"path": path, "format": "delta", "version": None, "timestamp": None, "where": None,
+                             "features": ("x", "y"), "privacy_unit": None, "table": None})()
+    table = tables.load_input(spark, cfg)
+    assert table.version == 0 and table.df.count() == 60
+    monkeypatch.setattr(tables, "delta_snapshot", real)
+    assert tables.load_input(spark, cfg).version == 1
+    with pytest.raises(tables.SchemaError, match="latest version"):
+        tables.load_input(spark, cfg, version=5)
+
+
+def test_a_new_ledger_is_created_with_its_first_balance_in_one_commit(spark, tmp_path):
+    path = str(tmp_path / "ledger")
+    totals = Ledger(spark, path).set_budget("file:/data/people", 2.0, 1e-6, input_seen="/data/people", note="q3")
+    assert (totals.spent_epsilon, totals.ledger_cap_epsilon, totals.ledger_cap_delta) == (0.0, 2.0, 1e-6)
+    assert _ledger_versions(spark, path) == 1
+    ledger = Ledger(spark, path)
+    assert ledger.totals("file:/data/people").ledger_cap_epsilon == 2.0
+    assert [(e["status"], e["cap_epsilon"], e["note"]) for e in ledger.events()] == [("set-budget", 2.0, "q3")]
+    # On an existing ledger: one MERGE sets the cap and inserts the event.
+    ledger.set_budget("file:/data/people", 3.0, 1e-6)
+    assert _ledger_versions(spark, path) == 2
+    assert [(b["cap_epsilon"], b["spent_epsilon"]) for b in ledger.balances()] == [(3.0, 0.0)]
+    assert [e["cap_epsilon"] for e in ledger.events()] == [2.0, 3.0]
+
+
+def test_two_administrators_creating_one_ledger_at_once_leave_one_balance(spark, tmp_path):
+    path = str(tmp_path / "ledger")
+    Ledger(spark, str(tmp_path / "warm")).set_budget("/warm", 1.0, 0.0)
+    barrier = threading.Barrier(2)
+    errors = []
+
+    def go(cap):
+        barrier.wait()
+        try:
+            Ledger(spark, path).set_budget("/data/people", cap, 0.0)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(cap,)) for cap in (1.0, 2.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    ledger = Ledger(spark, path)
+    balances = ledger.balances()
+    assert len(balances) == 1 and balances[0]["cap_epsilon"] in (1.0, 2.0)
+    assert sorted(e["cap_epsilon"] for e in ledger.events()) == [1.0, 2.0]
+
+
+def test_a_deferred_event_is_written_with_the_next_one_and_kept_if_that_write_fails(spark, tmp_path, monkeypatch):
+    path = str(tmp_path / "ledger")
+    ledger = Ledger(spark, path)
+    ledger.set_budget("/in", 2.0, 0.0)
+    before = _ledger_versions(spark, path)
+    ledger.mark("/in", "r1", "started", attempt=1, defer=True)
+    assert ledger.pending == 1 and Ledger(spark, path).runs() == []  # not written yet
+    real = Ledger._write_rows
+
+    def disk_full(self, rows, mode="append"):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Ledger, "_write_rows", disk_full)
+    with pytest.raises(OSError):
+        ledger.mark("/in", "r1", "failed", attempt=1)
+    monkeypatch.setattr(Ledger, "_write_rows", real)
+    assert ledger.pending == 1  # the deferred event waits for the next write; the failed one is lost
+    ledger.charge("/in", "r1", "dplloyd", 1.0, 0.0, attempt=1)
+    assert [e["status"] for e in ledger.runs("/in")] == ["started", "charged"]
+    assert _ledger_versions(spark, path) == before + 2  # the UPDATE, then one append of both events
+    assert ledger.pending == 0
+
+
+def test_a_charged_run_writes_its_ledger_events_in_three_commits(spark, tmp_path, write_delta, monkeypatch):
+    """set-budget: 1 commit on a new ledger; the run: the UPDATE, [started, charged, fit_started]
+    (before the fit reads anything), [succeeded]. A first attempt does not read the ledger's event
+    log; its record times every step."""
+    from dpspark.dplloyd.estimator import DPLloyd
+
+    path = write_delta(points_frame(30))
+    ledger_path = str(tmp_path / "ledger")
+    key = set_budget(spark, ledger_path, path, epsilon=3.0)
+    assert _ledger_versions(spark, ledger_path) == 1
+    cfg, c = make_config(tmp_path, path, **{"privacy.ledger": ledger_path, "output.report": False})
+    seen = {}
+    original = DPLloyd.fit
+
+    def spy(self, df, timings=None, operational=None):  # what the ledger holds when the fit starts
+        seen["events"] = [e["status"] for e in Ledger(spark, ledger_path).runs(key)]
+        return original(self, df, timings, operational)
+
+    monkeypatch.setattr(DPLloyd, "fit", spy)
+    assert main(["run", "--config", cfg, "--run-id", "small"], spark=spark) == 0
+    assert seen["events"] == ["started", "charged", "fit_started"]
+    assert _ledger_versions(spark, ledger_path) == 4
+    ledger = Ledger(spark, ledger_path)
+    events = [(e["run_id"], e["attempt"], e["status"], e["epsilon"]) for e in ledger.runs(key)]
+    assert events == [("small", 1, "started", 0.0), ("small", 1, "charged", 1.0), ("small", 1, "fit_started", 0.0),
+                      ("small", 1, "succeeded", 0.0)]
+    times = [e["updated_at"] for e in ledger.runs(key)]
+    assert times == sorted(times) and len(set(times)) == 4
+    import json
+
+    record = spark.read.format("delta").load(c["output"]["path"] + "/runs").first()
+    steps = json.loads(record.non_private_operational)["timings"]
+    assert "privacy ledger: earlier attempts" not in steps  # a first attempt: nothing to take over
+    for name in ("write runs table (running)", "read input table (schema and version)", "privacy ledger: charge",
+                 "privacy ledger: fit started", "dplloyd: fit", "write centers table"):
+        assert name in steps
+    assert ledger.totals(key).spent_epsilon == pytest.approx(1.0)
+    # A refused run: [started, refused] in one append (the UPDATE that did not charge wrote no commit).
+    cfg2, _ = make_config(tmp_path, path, **{"privacy.ledger": ledger_path, "output.report": False,
+                                             "privacy.epsilon": 2.5, "output.path": str(tmp_path / "out2")})
+    assert main(["run", "--config", cfg2, "--run-id", "big"], spark=spark) == 3
+    assert _ledger_versions(spark, ledger_path) == 5  # an UPDATE that charges nothing commits nothing
+    assert [e["status"] for e in ledger.runs(key) if e["run_id"] == "big"] == ["started", "refused"]
+
+
+def test_the_run_record_keeps_steps_timed_before_the_runner(spark, tmp_path, write_delta):
+    import json
+
+    from dpspark.config import load_config
+    from dpspark.runner import run
+
+    path = write_delta(points_frame(20))
+    cfg, c = make_config(tmp_path, path, **{"output.report": False})
+    result = run(load_config(cfg, []), spark, run_id="timed", timings={"start Spark session": 1.25})
+    assert result.status == "succeeded"
+    record = spark.read.format("delta").load(c["output"]["path"] + "/runs").first()
+    steps = json.loads(record.non_private_operational)["timings"]
+    assert list(steps)[0] == "start Spark session" and steps["start Spark session"] == 1.25
+
+
+def test_delta_jars_leave_out_the_artifacts_spark_ships(tmp_path, monkeypatch):
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    names = ["io.delta_delta-spark_4.2_2.13-4.4.0.jar", "io.delta_delta-storage-4.4.0.jar",
+             "org.apache.hadoop_hadoop-client-api-3.4.2.jar", "com.fasterxml.jackson.core_jackson-core-2.13.5.jar",
+             "commons-pool_commons-pool-1.6.jar", "io.unitycatalog_unitycatalog-client-0.6.0.jar"]
+    for name in names:
+        (jars / name).write_bytes(b"")
+    monkeypatch.setenv("DPSPARK_IVY_DIR", str(tmp_path))
+    monkeypatch.setattr(session, "_spark_artifacts", lambda: {"hadoop-client-api", "jackson-core", "commons-pool",
+                                                              "spark-core_2.13", "delta-storage"})
+    kept = sorted(p.rsplit("/", 1)[-1] for p in session.cached_delta_jars())
+    # Delta's own JARs always; an artifact Spark ships in another version never; anything else kept.
+    assert kept == ["io.delta_delta-spark_4.2_2.13-4.4.0.jar", "io.delta_delta-storage-4.4.0.jar",
+                    "io.unitycatalog_unitycatalog-client-0.6.0.jar"]
+    assert session._artifact("org.apache.hadoop_hadoop-client-api-3.4.2.jar", ivy=True) == "hadoop-client-api"
+    assert session._artifact("com.github.luben_zstd-jni-1.5.7-3.jar", ivy=True) == "zstd-jni"
+    assert session._artifact("jackson-module-scala_2.13-2.21.2.jar") == "jackson-module-scala_2.13"
+    assert session._artifact("io.delta_delta-spark_4.2_2.13-4.4.0.jar", ivy=True) == "delta-spark_4.2_2.13"
+    # Not fetched yet (no delta-spark JAR): nothing, so the session fetches them.
+    (jars / names[0]).unlink()
+    assert session.cached_delta_jars() == []
+
+
+def test_small_job_jvm_options_only_for_small_local_inputs(tmp_path, monkeypatch):
+    table = tmp_path / "t"
+    (table / "_delta_log").mkdir(parents=True)
+    (table / "part-0.parquet").write_bytes(b"x" * 1000)
+    (table / "_delta_log" / "00000000000000000000.json").write_bytes(b"{}")
+    assert session.small_input(str(table)) and session.small_input("file://" + str(table))
+    assert not session.small_input(str(table), limit=500)  # over the limit
+    assert not session.small_input(str(table), max_entries=2)  # too many entries to count
+    assert not session.small_input("s3a://bucket/t") and not session.small_input(str(tmp_path / "missing"))
+    monkeypatch.delenv("DPSPARK_SMALL_JOB", raising=False)
+    monkeypatch.setattr(session, "_defaults_set_java_options", lambda: False)
+    assert session._small_job_options(True, {}) == session.SMALL_JOB_JAVA_OPTIONS
+    assert session._small_job_options(False, {}) is None
+    assert session._small_job_options(True, {"spark.driver.extraJavaOptions": "-Xss4m"}) is None  # the user's own
+    monkeypatch.setenv("DPSPARK_SMALL_JOB", "0")
+    assert session._small_job_options(True, {}) is None
+    monkeypatch.setenv("DPSPARK_SMALL_JOB", "1")
+    assert session._small_job_options(False, {}) == session.SMALL_JOB_JAVA_OPTIONS
+    monkeypatch.setattr(session, "_defaults_set_java_options", lambda: True)  # spark-defaults.conf sets them
+    assert session._small_job_options(True, {}) is None
+
+
+def test_a_report_that_fails_to_draw_fails_the_run_and_releases_nothing(spark, tmp_path, write_delta, monkeypatch):
+    """The report is drawn in a thread while the centers are written: its error still fails the run."""
+    import os
+
+    import dpspark.report
+
+    def broken(path, info):
+        raise RuntimeError("no font")
+
+    path = write_delta(points_frame(20))
+    cfg, c = make_config(tmp_path, path, **{"output.report": True})
+    monkeypatch.setattr(dpspark.report, "write_report", broken)
+    assert main(["run", "--config", cfg, "--run-id", "drawn"], spark=spark) == 1
+    out = c["output"]["path"]
+    assert not os.path.exists(os.path.join(out, "summary.json")) and not os.path.exists(os.path.join(out, "report.png"))
+    assert spark.read.format("delta").load(out + "/centers").where("run_id = 'drawn'").count() == 0
+    assert spark.read.format("delta").load(out + "/runs").first().status == "failed"
