@@ -198,7 +198,6 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         "privacy_note": privacy_note, "guarantee": guarantee, "charge_reused_from": None, "error": None,
         "charged": False, "fit_started": False, "non_private_operational": None,
     }
-    _warm_python_workers(spark)  # in a thread: public rows only
     with step("write runs table (running)", timings):
         # A new attempt: the previous summary.json must not be read as this run's result.
         tables.delete_file(spark, paths["summary"])
@@ -430,44 +429,6 @@ def _collapse(config, model):
 def _public_domain(config) -> dict:
     d = config.domain
     return {"radius": d.radius} if d.radius is not None else {"lower": list(d.lower), "upper": list(d.upper)}
-
-
-def _touch_python_modules(batches):
-    """The warm-up job's Python function: the imports of the fit's Arrow UDFs, then nothing."""
-    import numpy  # noqa: F401
-    import pandas  # noqa: F401
-    import pyarrow  # noqa: F401
-
-    for batch in batches:
-        yield batch.iloc[:0]
-
-
-def _warm_python_workers(spark) -> None:
-    """Start the local Python workers while the driver writes the run record and charges the ledger.
-
-    The fit's first pass otherwise pays for starting them (the worker daemon, one process per core,
-    their numpy, pandas and pyarrow imports): seconds of a small job. A Spark job over PUBLIC rows
-    only (``range``; no private value, no noise), in a daemon thread, leaves them ready for the fit
-    (``spark.python.worker.reuse``). Only in local mode (a cluster's executors start their own), and
-    only once per session. A failure there is ignored: the fit starts workers as before."""
-    sc = spark.sparkContext
-    if getattr(sc, "_dpspark_warmed", False) or not str(sc.master).startswith("local"):
-        return
-    if str(sc.getConf().get("spark.python.worker.reuse", "true")).lower() == "false":
-        return
-    sc._dpspark_warmed = True
-    slots = max(1, min(int(sc.defaultParallelism), os.cpu_count() or 1))
-
-    def work():
-        try:
-            sc.setJobDescription("dpspark: start the Python workers (public rows only)")
-            spark.range(0, slots, 1, slots).mapInPandas(_touch_python_modules, "id LONG").collect()
-        except Exception:
-            pass
-
-    import threading
-
-    threading.Thread(target=work, name="dpspark-warm-workers", daemon=True).start()
 
 
 class _Background:
