@@ -263,3 +263,41 @@ def test_a_report_that_fails_to_draw_fails_the_run_and_releases_nothing(spark, t
     assert not os.path.exists(os.path.join(out, "summary.json")) and not os.path.exists(os.path.join(out, "report.png"))
     assert spark.read.format("delta").load(out + "/centers").where("run_id = 'drawn'").count() == 0
     assert spark.read.format("delta").load(out + "/runs").first().status == "failed"
+
+
+def test_a_signal_inside_a_py4j_call_does_not_shift_the_later_answers(spark):
+    """RunKilled raised while a py4j call waits for its answer leaves that answer on the connection;
+    the runner closes the connection of a killed attempt so the calls that record it get their own."""
+    import signal
+
+    from dpspark.errors import RunKilled
+    from dpspark.runner import _reset_py4j_connection
+
+    client = spark.sparkContext._gateway._gateway_client
+    if not hasattr(client, "get_thread_connection"):
+        pytest.skip("py4j is not in pinned-thread mode: an interrupted connection is not reused")
+    items = spark._jvm.java.util.ArrayList()  # a JavaObject: its method calls are one command each
+    assert items.add("a") is True  # this thread has its connection
+    connection = client.get_thread_connection()
+
+    class Interrupted:  # the stream's first readline is interrupted by the signal
+        def __init__(self, stream):
+            self.stream, self.fired = stream, False
+
+        def readline(self, *args):
+            if not self.fired:
+                self.fired = True
+                raise RunKilled(signal.SIGTERM)
+            return self.stream.readline(*args)
+
+        def __getattr__(self, name):
+            return getattr(self.stream, name)
+
+    connection.stream = Interrupted(connection.stream)
+    try:
+        with pytest.raises(RunKilled):
+            items.size()  # its answer (1) stays unread
+        assert items.add("b") == 1  # what every later call would get: the answer of the call before
+    finally:
+        _reset_py4j_connection(spark)
+    assert items.size() == 2 and items.add("c") is True and items.size() == 3
