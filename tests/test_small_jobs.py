@@ -11,6 +11,7 @@ import pytest
 
 from dpspark import session, tables
 from dpspark.cli import main
+from dpspark.errors import BudgetRefused
 from dpspark.privacy.ledger import Ledger
 
 from test_pipeline import make_config, points_frame, set_budget
@@ -263,6 +264,20 @@ def test_a_report_that_fails_to_draw_fails_the_run_and_releases_nothing(spark, t
     assert not os.path.exists(os.path.join(out, "summary.json")) and not os.path.exists(os.path.join(out, "report.png"))
     assert spark.read.format("delta").load(out + "/centers").where("run_id = 'drawn'").count() == 0
     assert spark.read.format("delta").load(out + "/runs").first().status == "failed"
+
+
+def test_the_charge_update_names_its_ledger_whatever_the_path_holds(spark, tmp_path):
+    """The UPDATE is SQL: a ledger path with a backquote or a quote still names that ledger, and only it."""
+    odd = tmp_path / "led`ger's"
+    plain = tmp_path / "led"  # what a broken quoting could fall back to
+    ledger, other = Ledger(spark, str(odd)), Ledger(spark, str(plain))
+    ledger.set_budget("/in", 1.5, 0.0)
+    other.set_budget("/in", 9.0, 0.0)
+    ledger.charge("/in", "r1", "dplloyd", 1.0, 0.0)
+    with pytest.raises(BudgetRefused):
+        ledger.charge("/in", "r2", "dplloyd", 1.0, 0.0)
+    assert ledger.totals("/in").spent_epsilon == pytest.approx(1.0) and other.totals("/in").spent_epsilon == 0.0
+    assert [e["status"] for e in ledger.runs("/in")] == ["charged", "refused"]
 
 
 def test_a_signal_inside_a_py4j_call_does_not_shift_the_later_answers(spark):
