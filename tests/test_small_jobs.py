@@ -289,8 +289,8 @@ def test_a_signal_inside_a_py4j_call_does_not_shift_the_later_answers(spark):
     from dpspark.runner import _reset_py4j_connection
 
     client = spark.sparkContext._gateway._gateway_client
-    if not hasattr(client, "get_thread_connection"):
-        pytest.skip("py4j is not in pinned-thread mode: an interrupted connection is not reused")
+    # PySpark 4 runs py4j in pinned-thread mode (one connection per thread): the case the reset is for
+    assert hasattr(client, "get_thread_connection"), "py4j is not in pinned-thread mode"
     items = spark._jvm.java.util.ArrayList()  # a JavaObject: its method calls are one command each
     assert items.add("a") is True  # this thread has its connection
     connection = client.get_thread_connection()
