@@ -46,6 +46,7 @@ from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, Default
 from dpspark import __version__, config as config_mod
 from dpspark.errors import BudgetRefused, ConfigError, DPSparkError, PrivacyAccountingError, RunKilled
 from dpspark.progress import log, step
+from dpspark.session import reset_py4j_connection
 
 __all__ = ["DPClustering", "DPClusteringModel", "DPClusteringSummary", "ParamError", "PARAMS"]
 
@@ -509,6 +510,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                 killed = isinstance(exc, (RunKilled, KeyboardInterrupt))
                 if killed:
                     status = "killed"
+                    reset_py4j_connection(spark)  # the interrupted call's answer is still unread
                     with contextlib.suppress(Exception):
                         spark.sparkContext.cancelAllJobs()
                 if status is not None and status != "succeeded":

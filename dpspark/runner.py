@@ -51,6 +51,7 @@ from dpspark.errors import BudgetRefused, DPSparkError, PrivacyAccountingError, 
 from dpspark.privacy.ledger import NOT_PRIVATE_NOTE, Ledger
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import log, step
+from dpspark.session import reset_py4j_connection
 
 ESTIMATORS = {
     "auto": "dpspark.auto.estimator:AutoClustering",
@@ -334,7 +335,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         killed = isinstance(exc, RunKilled)
         log.error("run %s attempt %d %s: %s", run_id, attempt, "killed" if killed else "failed", exc)
         if killed:
-            _reset_py4j_connection(spark)
+            reset_py4j_connection(spark)
             _cancel_jobs(spark)
         if wrote_outputs:
             _cleanup(spark, paths, run_id)
@@ -364,21 +365,6 @@ def _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee
     tables.write_run_record(spark, paths["runs"], record)
     if ledger is not None and input_key is not None:  # an attempt that never opened its input has no ledger events
         ledger.mark(input_key, run_id, record["status"], attempt=attempt, guarantee=guarantee)
-
-
-def _reset_py4j_connection(spark) -> None:
-    """Close this thread's py4j connection after a signal: ``RunKilled`` raised inside a py4j call
-    (the main thread waits there most of the time) leaves that call's answer unread on the
-    connection, and in pinned-thread mode every later call of the thread would read the answer of
-    the one before (seen as ``KeyError: 'm'`` or "... does not exist in the JVM" while recording the
-    killed attempt). The next call opens a fresh connection."""
-    try:
-        client = spark.sparkContext._gateway._gateway_client
-        connection = client.get_thread_connection() if hasattr(client, "get_thread_connection") else None
-        if connection is not None:
-            connection.close()
-    except Exception:
-        log.error("could not reset the py4j connection of a killed run:\n%s", traceback.format_exc())
 
 
 def _cancel_jobs(spark) -> None:

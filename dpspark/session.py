@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 # delta-spark 4.4.0 pins pyspark <= 4.2.0; the JAR is built per Spark minor version.
@@ -270,3 +271,19 @@ def get_session(app_name: str = "dpspark", master: str | None = None, conf: dict
             active.conf.set(key, value)
         return active
     return build_session(master=master, app_name=app_name, conf=dict(conf or {}))
+
+
+def reset_py4j_connection(spark) -> None:
+    """Close this thread's py4j connection after a signal: ``RunKilled`` raised inside a py4j call
+    (the main thread waits there most of the time) leaves that call's answer unread on the
+    connection, and in pinned-thread mode every later call of the thread would read the answer of
+    the one before (seen as ``KeyError: 'm'`` or "... does not exist in the JVM" while recording the
+    killed attempt). The next call opens a fresh connection."""
+    try:
+        client = spark.sparkContext._gateway._gateway_client
+        connection = client.get_thread_connection() if hasattr(client, "get_thread_connection") else None
+        if connection is not None:
+            connection.close()
+    except Exception:
+        logging.getLogger("dpspark").error("could not reset the py4j connection of a killed run:\n%s",
+                                           traceback.format_exc())

@@ -286,7 +286,7 @@ def test_a_signal_inside_a_py4j_call_does_not_shift_the_later_answers(spark):
     import signal
 
     from dpspark.errors import RunKilled
-    from dpspark.runner import _reset_py4j_connection
+    from dpspark.session import reset_py4j_connection
 
     client = spark.sparkContext._gateway._gateway_client
     # PySpark 4 runs py4j in pinned-thread mode (one connection per thread): the case the reset is for
@@ -314,5 +314,5 @@ def test_a_signal_inside_a_py4j_call_does_not_shift_the_later_answers(spark):
             items.size()  # its answer (1) stays unread
         assert items.add("b") == 1  # what every later call would get: the answer of the call before
     finally:
-        _reset_py4j_connection(spark)
+        reset_py4j_connection(spark)
     assert items.size() == 2 and items.add("c") is True and items.size() == 3
