@@ -46,7 +46,7 @@ from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, Default
 from dpspark import __version__, config as config_mod
 from dpspark.errors import BudgetRefused, ConfigError, DPSparkError, PrivacyAccountingError, RunKilled
 from dpspark.progress import log, step
-from dpspark.session import reset_py4j_connection
+from dpspark.session import PLAN_CONF, reset_py4j_connection
 
 __all__ = ["DPClustering", "DPClusteringModel", "DPClusteringSummary", "ParamError", "PARAMS"]
 
@@ -315,23 +315,24 @@ def _fit_partitions(spark) -> str:
 
 @contextlib.contextmanager
 def _fit_conf(spark):
-    """Run a fit with sensible shuffle partitions and put the caller's setting back.
+    """Run a fit with sensible shuffle partitions and ``session.PLAN_CONF``, and put the caller's settings back.
 
     Spark's default of 200 made a fit in a user's own session 6x slower than the same fit under
-    ``dpspark run`` (issue 16: 175.7 s against 28.6 s for 50,000 rows).
+    ``dpspark run`` (issue 16: 175.7 s against 28.6 s for 50,000 rows); PLAN_CONF: see there.
     """
-    key = "spark.sql.shuffle.partitions"
-    saved = spark.conf.get(key, None)
-    value = _fit_partitions(spark)
-    spark.conf.set(key, value)
-    log.info("fit runs with %s=%s (the session's %s is put back after)", key, value, saved or "default")
+    settings = {"spark.sql.shuffle.partitions": _fit_partitions(spark), **PLAN_CONF}
+    saved = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+        log.info("fit runs with %s=%s (the session's %s is put back after)", key, value, saved[key] or "default")
     try:
         yield
     finally:
-        if saved is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, saved)
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 _MISSING = re.compile(r"No module named '([^']+)'")

@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 def spark_settings(master: str, extra: dict) -> dict:
     """The session's settings: dpspark's local ones (the same JARs, defaults and Delta configuration)."""
-    from dpspark.session import DELTA_CONF, DELTA_PACKAGE, LOCAL_DEFAULTS, cached_delta_jars, ivy_dir
+    from dpspark.session import DELTA_CONF, DELTA_PACKAGE, LOCAL_DEFAULTS, PLAN_CONF, cached_delta_jars, ivy_dir
 
-    conf = {"spark.master": master, **DELTA_CONF}
+    conf = {"spark.master": master, **DELTA_CONF, **PLAN_CONF}
     jars = cached_delta_jars()
     if jars:
         conf["spark.jars"] = ",".join(jars)
