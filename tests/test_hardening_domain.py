@@ -383,3 +383,26 @@ def test_transform_labels_by_the_per_entry_rule_and_nulls_invalid_rows(spark):
     n_ok = len(pts) + 2
     assert got.iloc[:n_ok].astype(int).tolist() == want[:n_ok].tolist()
     assert got.iloc[n_ok:].isna().all()  # NaN, inf and null rows: null, as the fit drops them
+
+
+@pytest.mark.parametrize("dim", [4, 16, 64])
+def test_screened_nearest_center_gives_the_per_entry_labels_on_hostile_rows(dim):
+    """The BLAS screen of ``nearest_center`` (dim >= 4) changes no label: near ties at 1e-15, exact
+    ties, duplicated centers, rows on a center, NaN, +-inf, 1e308, 1e-200 and 0, in one batch,
+    against the written-out per-entry reference (that reference decides NaN rows as numpy's
+    argmin does: the first NaN)."""
+    x, c = _near_tie_points(dim, 3000, seed=40 + dim)
+    rng = np.random.default_rng(dim)
+    c = np.vstack([c, c[2], rng.uniform(-1, 1, size=(6, dim))])  # a duplicated center: ties by index
+    hostile = np.zeros((9, dim))
+    hostile[0, 0], hostile[1, 1], hostile[2, 0] = np.nan, np.inf, -np.inf
+    hostile[3, :] = 1e308
+    hostile[4, :] = 1e-200
+    hostile[5] = c[2]  # on a duplicated center
+    hostile[6] = (c[0] + c[1]) / 2.0  # on a bisector
+    hostile[7, -1] = -1e308  # row 8 stays 0
+    x = np.vstack([x, hostile, c + 1e-16])
+    with np.errstate(all="ignore"):
+        reference = _per_entry_nearest(x, c)
+        labels = mk.nearest_center(x, c)
+    assert np.array_equal(labels, reference), np.flatnonzero(labels != reference)[:10]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpspark.maxcover.kernels import nearest_center  # numpy only
 from dpspark.privacy.fixedpoint import SCALE, quantize
 
 PLANE_BITS = 20  # hyperplane normals in fixed point (the same resolution as the points)
@@ -94,22 +95,24 @@ COST_BITS = 20  # per-point costs in fixed point: round(cost * 2**20), at most c
 def solution_costs(fixed_points: np.ndarray, solutions: np.ndarray, power: int, cap: float) -> np.ndarray:
     """(M,) int64: sum over the points of min(min_c ||x - c||^power, cap), each term in fixed point.
 
-    ``solutions`` is (M, k, d) in unit space. Distances use explicit differences squared and
-    summed per entry, so a point's term depends only on that point and the public solutions;
-    the cap bounds it whatever the point holds.
+    ``solutions`` is (M, k, d) in unit space. A point's distance to a solution is the per-entry
+    distance rule of ``maxcover.kernels`` (explicit differences squared and summed in order) to
+    its nearest center by that rule (``nearest_center``), so a point's term depends only on that
+    point and the public solutions; the cap bounds it whatever the point holds.
     """
     sols = np.asarray(solutions, dtype=np.float64)
     m, k, dim = sols.shape
     x = fixed_points.astype(np.float64) / SCALE
     out = np.zeros(m, dtype=np.int64)
-    step = max(1, (1 << 22) // max(1, k * dim))
     limit = float(np.floor(float(cap) * (1 << COST_BITS)))  # an integer <= the sensitivity cap * 2**COST_BITS
-    for start in range(0, x.shape[0], step):
-        chunk = x[start:start + step]
-        for i in range(m):
-            d2 = ((chunk[:, None, :] - sols[i][None, :, :]) ** 2).sum(axis=2).min(axis=1)
-            term = d2 if power == 2 else np.sqrt(d2)
-            out[i] += int(np.minimum(np.rint(term * (1 << COST_BITS)), limit).astype(np.int64).sum())
+    for i in range(m):
+        nearest = sols[i][nearest_center(x, sols[i])]
+        d2 = np.zeros(x.shape[0], dtype=np.float64)
+        for j in range(dim):  # the rule's entry for the nearest center: the minimum over the centers
+            diff = x[:, j] - nearest[:, j]
+            d2 += diff * diff
+        term = d2 if power == 2 else np.sqrt(d2)
+        out[i] += int(np.minimum(np.rint(term * (1 << COST_BITS)), limit).astype(np.int64).sum())
     return out
 
 
