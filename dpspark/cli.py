@@ -83,6 +83,11 @@ def _signals_stop_the_run():
             print(f"dpspark: signal {signum} again: still recording the killed attempt", file=sys.stderr)
             return
         state["raised"] = True
+        # Usually inside a py4j call: its answer would be read by the next call (the family's
+        # finally blocks run before the runner sees the kill), so the connection goes first.
+        from dpspark.session import reset_py4j_connection
+
+        reset_py4j_connection()
         raise RunKilled(signum)
 
     saved = {}

@@ -281,14 +281,24 @@ def get_session(app_name: str = "dpspark", master: str | None = None, conf: dict
     return build_session(master=master, app_name=app_name, conf=dict(conf or {}))
 
 
-def reset_py4j_connection(spark) -> None:
-    """Close this thread's py4j connection after a signal: ``RunKilled`` raised inside a py4j call
-    (the main thread waits there most of the time) leaves that call's answer unread on the
-    connection, and in pinned-thread mode every later call of the thread would read the answer of
-    the one before (seen as ``KeyError: 'm'`` or "... does not exist in the JVM" while recording the
-    killed attempt). The next call opens a fresh connection."""
+def reset_py4j_connection(spark=None) -> None:
+    """Close this thread's py4j connection after a signal (``spark``: its session; None: the
+    running gateway, as the signal handler has no session at hand).
+
+    ``RunKilled`` raised inside a py4j call (the main thread waits there most of the time) leaves
+    that call's answer unread on the connection, and in pinned-thread mode every later call of
+    the thread would read the answer of the one before: a ``finally`` that unpersists during the
+    unwinding, or the runner recording the killed attempt (seen as ``KeyError: 'm'`` or "... does
+    not exist in the JVM"). The next call opens a fresh connection; with no call under way the
+    reset costs only that."""
     try:
-        client = spark.sparkContext._gateway._gateway_client
+        if spark is not None:
+            gateway = spark.sparkContext._gateway
+        else:
+            from pyspark import SparkContext
+
+            gateway = SparkContext._gateway
+        client = None if gateway is None else gateway._gateway_client
         connection = client.get_thread_connection() if hasattr(client, "get_thread_connection") else None
         if connection is not None:
             connection.close()

@@ -316,3 +316,45 @@ def test_a_signal_inside_a_py4j_call_does_not_shift_the_later_answers(spark):
     finally:
         reset_py4j_connection(spark)
     assert items.size() == 2 and items.add("c") is True and items.size() == 3
+
+
+def test_the_kill_signal_resets_the_connection_before_any_finally_runs(spark):
+    """SIGTERM lands inside a py4j call; the family's ``finally`` (an unpersist) runs py4j calls
+    while RunKilled unwinds, before the runner can reset anything. The handler closes the
+    thread's connection first, so those calls get their own answers (once, a KeyError 'm' from an
+    unpersist turned a kill into a failure: exit 1 instead of 143)."""
+    import signal
+
+    from dpspark.cli import _signals_stop_the_run
+    from dpspark.errors import RunKilled
+
+    client = spark.sparkContext._gateway._gateway_client
+    assert hasattr(client, "get_thread_connection"), "py4j is not in pinned-thread mode"
+    items = spark._jvm.java.util.ArrayList()
+    assert items.add("a") is True
+    seen = {}
+    with _signals_stop_the_run():
+        handler = signal.getsignal(signal.SIGTERM)
+        connection = client.get_thread_connection()
+
+        class Signalled:  # the signal arrives while the call waits for its answer
+            def __init__(self, stream):
+                self.stream, self.fired = stream, False
+
+            def readline(self, *args):
+                if not self.fired:
+                    self.fired = True
+                    handler(signal.SIGTERM, None)
+                return self.stream.readline(*args)
+
+            def __getattr__(self, name):
+                return getattr(self.stream, name)
+
+        connection.stream = Signalled(connection.stream)
+        with pytest.raises(RunKilled):
+            try:
+                items.size()  # interrupted: its answer (1) is never read
+            finally:
+                seen["in_finally"] = items.add("b")  # what an unpersist in a finally would do
+    assert seen["in_finally"] is True  # its own answer, not the interrupted call's 1
+    assert items.size() == 2
