@@ -406,3 +406,32 @@ def test_screened_nearest_center_gives_the_per_entry_labels_on_hostile_rows(dim)
         reference = _per_entry_nearest(x, c)
         labels = mk.nearest_center(x, c)
     assert np.array_equal(labels, reference), np.flatnonzero(labels != reference)[:10]
+
+
+@pytest.mark.parametrize("dim, p", [(4, 2), (16, 2), (64, 2), (16, 1)])
+def test_screened_cost_within_is_the_per_entry_rule_at_the_threshold(dim, p):
+    """``cost_within`` (the coverage passes' "dist^p <= t", BLAS-screened from dim 4) gives the
+    per-entry rule's answer bit for bit: thresholds equal to an entry's own cost, one ulp either
+    side, per-column thresholds, and hostile rows (NaN, +-inf, 1e308, 1e-200, 0, on a point). The
+    same inputs with no margin (``screen_factor=0``) get some entries wrong: the margin is what
+    makes it exact, and this test can see it."""
+    rng = np.random.default_rng(dim + p)
+    x = rng.uniform(-1.0, 1.0, size=(2000, dim))
+    c = rng.uniform(-1.0, 1.0, size=(50, dim))
+    x[:200] = c[rng.integers(0, 50, 200)] + rng.normal(0.0, 1e-9, size=(200, dim))
+    hostile = np.zeros((7, dim))
+    hostile[0, 0], hostile[1, 1], hostile[2, 0] = np.nan, np.inf, -np.inf
+    hostile[3, :], hostile[4, :], hostile[5] = 1e308, 1e-200, c[3]
+    x = np.vstack([x, hostile])
+    with np.errstate(all="ignore"):
+        cost = mk._cost_from_sq(mk._sq_dists(x, c), p)
+        ties = cost[rng.integers(0, 2000, 40), rng.integers(0, 50, 40)]
+        thresholds = [np.nextafter(t, side) for t in ties for side in (-np.inf, np.inf)] + list(ties)
+        per_column = [cost[rng.integers(0, 2000, 50), np.arange(50)] for _ in range(5)]
+        wrong_without_margin = 0
+        for t in thresholds + per_column:
+            want = cost <= np.broadcast_to(t, (50,))[None, :]
+            got = mk.cost_within(x, c, t, p)
+            assert got.dtype == bool and np.array_equal(got, want), (t, np.argwhere(got != want)[:5])
+            wrong_without_margin += int((mk.cost_within(x, c, t, p, screen_factor=0.0) != want).sum())
+    assert wrong_without_margin > 0

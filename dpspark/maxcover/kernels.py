@@ -192,8 +192,7 @@ def _drop_covered(xc: np.ndarray, pick_pts: np.ndarray, pick_t: np.ndarray, p: i
     near = np.flatnonzero(_box_cost(xc.min(axis=0), xc.max(axis=0), pick_pts, p) <= pick_t)
     if not near.size:
         return xc
-    cost = _cost_from_sq(_sq_dists(xc, pick_pts[near]), p)
-    return xc[~np.any(cost <= pick_t[near][None, :], axis=1)]
+    return xc[~np.any(cost_within(xc, pick_pts[near], pick_t[near], p), axis=1)]
 
 
 def _within(xc: np.ndarray, candidates: np.ndarray, t: float, p: int):
@@ -201,7 +200,68 @@ def _within(xc: np.ndarray, candidates: np.ndarray, t: float, p: int):
     keep = np.flatnonzero(_box_cost(xc.min(axis=0), xc.max(axis=0), candidates, p) <= t)
     if not keep.size:
         return keep, None
-    return keep, _cost_from_sq(_sq_dists(xc, candidates[keep]), p) <= t
+    return keep, cost_within(xc, candidates[keep], t, p)
+
+
+def _per_entry_within(x: np.ndarray, pts: np.ndarray, t: np.ndarray, p: int) -> np.ndarray:
+    return _cost_from_sq(_sq_dists(x, pts), p) <= t[None, :]
+
+
+# Relative slack around t^(2/p) for p != 2: covers the rounding of that power and of the cost's own
+# power (a few ulps), so the screen never decides an entry whose rule could go either way.
+_POWER_SLACK = 1e-9
+
+
+def cost_within(x: np.ndarray, pts: np.ndarray, t, p: int, screen_factor: float | None = None) -> np.ndarray:
+    """Bool (rows x pts): ``_cost_from_sq(_sq_dists(x, pts), p) <= t`` (the rule), entry for entry.
+
+    ``t``: one threshold, or one per column of ``pts``. From ``_SCREEN_MIN_DIM`` dimensions a BLAS
+    product screens the entries, as in ``_screened_nearest``: with e the rule's squared distance and
+    a = |x|^2 - 2 x.c + |c|^2 from the product, |a - e| <= 2 g (|x| + |c|)^2 (g = gamma_{d+3}), so an
+    entry with a <= T - m is within and one with a > T + m is not, for the margin m = 4 g (max |x| +
+    max |c|)^2 over the block (twice the bound) and T = t on the squared scale (t^(2/p) with a relative slack of
+    ``_POWER_SLACK`` when p != 2). A row with any other entry, a value that is not finite or a
+    norm below 1e-100 is decided by the rule itself, so the result is the rule's bit for bit.
+    ``screen_factor`` replaces 4 g (tests only: 0 shows the margin matters).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    pts = np.asarray(pts, dtype=np.float64)
+    t = np.broadcast_to(np.asarray(t, dtype=np.float64).reshape(-1), (pts.shape[0],))
+    if x.shape[1] < _SCREEN_MIN_DIM or x.shape[0] == 0 or pts.shape[0] == 0:
+        return _per_entry_within(x, pts, t, p)
+    dim = x.shape[1]
+    u = 2.0 ** -53
+    g = (dim + 3) * u / (1.0 - (dim + 3) * u)
+    factor = 4.0 * g * (1.0 + 1e-6) if screen_factor is None else screen_factor
+    with np.errstate(all="ignore"):
+        c_sq = np.einsum("ij,ij->i", pts, pts)
+        c_norm = float(np.sqrt(c_sq.max())) if np.all(np.isfinite(c_sq)) else np.inf
+        if p == 2:
+            lo = hi = t
+        else:
+            t_sq = t ** (2.0 / p)
+            lo, hi = t_sq * (1.0 - _POWER_SLACK), t_sq * (1.0 + _POWER_SLACK)
+        out = np.empty((x.shape[0], pts.shape[0]), dtype=bool)
+        for start in range(0, x.shape[0], _SCREEN_ROWS):
+            xs = x[start : start + _SCREEN_ROWS]
+            x_sq = np.einsum("ij,ij->i", xs, xs)
+            norms = np.sqrt(x_sq) + c_norm
+            bad = ~np.isfinite(norms) | (norms < 1e-100)
+            # one margin for the block: the largest row's (a wider margin only leaves more to the rule)
+            margin = factor * float(norms[~bad].max()) ** 2 if not bad.all() else np.inf
+            approx = xs @ pts.T
+            approx *= -2.0
+            approx += x_sq[:, None]
+            approx += c_sq[None, :]
+            inside = approx <= (lo - margin)[None, :]
+            not_outside = approx <= (hi + margin)[None, :]
+            undecided = bad | (inside != not_outside).any(axis=1) | ~np.all(np.isfinite(t)) | (margin == np.inf)
+            block = out[start : start + len(xs)]
+            block[:] = inside
+            if undecided.any():
+                rows = np.flatnonzero(undecided)
+                block[rows] = _per_entry_within(xs[rows], pts, t, p)
+    return out
 
 
 def _batches_of_points(batches, columns):
