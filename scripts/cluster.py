@@ -162,7 +162,7 @@ class StandaloneCluster:
                 alive = [w for w in self.master_state()["workers"] if w["state"] == "ALIVE"]
                 if len(alive) >= count:
                     return
-            except OSError:
+            except (OSError, ValueError, KeyError):  # not up yet; a UI still starting can answer an empty body
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cluster: {count} workers not ALIVE after {timeout:.0f} s; see {self.state_dir}")
