@@ -160,6 +160,26 @@ def test_oracle_estimates_are_unbiased_within_their_stated_variance(eps):
     assert np.all((ratio > 0.65) & (ratio < 1.35)), ratio
 
 
+@pytest.mark.parametrize("eps, domain", [(0.5, 7), (1.0, 2048), (2.0, 300), (2.0, 1), (4.0, 40)])
+def test_support_counts_many_equals_support_counts_per_group(eps, domain):
+    """The stacked (BLAS) support counts of round 1's server are exact: the same integers as one
+    ``support_counts`` per group, for g = 2, 3, 7 (matrix products) and 53 (per-group fallback),
+    with empty groups, repeated (a, y) pairs and a group holding every report."""
+    params = OracleParams.create(eps, domain)
+    rng = np.random.default_rng(domain)
+    groups = [([], [], [])]
+    for size in (1, 50, 3000):
+        a = rng.integers(0, params.pool, size)
+        y = rng.integers(0, params.g, size)
+        groups.append((a, y, rng.integers(1, 10**6, size)))
+    groups.append((np.zeros(5, int), np.zeros(5, int), np.full(5, 3)))
+    many = oracle.support_counts_many(groups, params)
+    assert many.dtype == np.int64 and many.shape == (len(groups), params.domain)
+    for s, (a, y, c) in enumerate(groups):
+        assert np.array_equal(many[s], oracle.support_counts(a, y, c, params)), s
+    assert oracle.support_counts_many([], params).shape == (0, params.domain)
+
+
 def test_oracle_parameters():
     assert OracleParams.create(1.0, 10).g == 3 and OracleParams.create(4.0, 10).g in (53, 59)
     p = OracleParams.create(2.0, 2048)

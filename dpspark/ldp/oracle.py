@@ -164,6 +164,50 @@ def support_counts(a, y, count, params: OracleParams) -> np.ndarray:
     return support
 
 
+_BLAS_MAX_G = 13  # support_counts_many's matrix products: g of them, each as costly as one gather pass
+_BLOCK = 1 << 22  # entries per block of the 0/1 indicator matrices and of the stacked tables (32 MB of float64)
+
+
+def support_counts_many(groups, params: OracleParams) -> np.ndarray:
+    """``support_counts`` of several histograms (a list of (a, y, count)) under the same parameters.
+
+    Returns an (len(groups), D) int64 array whose row s equals ``support_counts(*groups[s], params)``
+    exactly. For small g (<= 13: epsilon up to about 2.5) the histograms are stacked into tables
+    T (S, g^m, g) and C(v) = sum_y T[:, :, y] @ [h_a(v) = y] is g float64 matrix products (BLAS)
+    over blocks of columns v: every product and partial sum is an integer below the total count,
+    so the result is exact when the total is below 2^53 (checked; else, and for larger g, each
+    group goes through ``support_counts``). At d = 10 (120 round-1 groups, g = 3, D = 2048) this
+    is about 10x faster than 120 calls of ``support_counts``.
+    """
+    groups = [tuple(np.asarray(v, dtype=np.int64) for v in grp) for grp in groups]
+    out = np.zeros((len(groups), params.domain), dtype=np.int64)
+    if not groups:
+        return out
+    g, pool, D = params.g, params.pool, params.domain
+    total = sum(int(np.abs(c).sum()) for _, _, c in groups)
+    if g > _BLAS_MAX_G or total >= 2**53:
+        for s, (a, y, c) in enumerate(groups):
+            out[s] = support_counts(a, y, c, params)
+        return out
+    m = params.digits
+    ad = to_digits(np.arange(pool), g, m)
+    vd = to_digits(np.arange(D), g, m)
+    cols = max(1, _BLOCK // pool)
+    rows = max(1, _BLOCK // (pool * g))
+    for g0 in range(0, len(groups), rows):
+        chunk = groups[g0 : g0 + rows]
+        table = np.zeros((len(chunk), pool, g), dtype=np.float64)
+        for s, (a, y, c) in enumerate(chunk):
+            np.add.at(table[s], (a, y), c.astype(np.float64))
+        for v0 in range(0, D, cols):
+            H = (ad @ vd[v0 : v0 + cols].T) % g  # (pool, block): h_a(v)
+            acc = np.zeros((len(chunk), H.shape[1]), dtype=np.float64)
+            for yv in range(g):
+                acc += table[:, :, yv] @ (H == yv).astype(np.float64)
+            out[g0 : g0 + len(chunk), v0 : v0 + cols] = acc.astype(np.int64)
+    return out
+
+
 def estimate(support, n: int, params: OracleParams) -> np.ndarray:
     """Unbiased frequency estimates f_hat(v) = (C(v) - n/g) / (p - 1/g)."""
     q = 1.0 / params.g

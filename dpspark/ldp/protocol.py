@@ -107,6 +107,17 @@ def _estimates(hist: Histogram, sub: int, params: olh.OracleParams) -> tuple[np.
     return olh.estimate(olh.support_counts(a, y, c, params), n, params), n
 
 
+def _estimates_many(hist: Histogram, subs, params: olh.OracleParams) -> tuple[np.ndarray, np.ndarray]:
+    """``_estimates`` of several sub-protocols at once (one ``support_counts_many``): (S, D) and (S,)."""
+    groups = [hist.select(s) for s in subs]
+    n = np.array([int(c.sum()) for _, _, c in groups], dtype=np.int64)
+    support = olh.support_counts_many(groups, params)
+    est = np.zeros((len(groups), params.domain))
+    for s in np.nonzero(n)[0]:
+        est[s] = olh.estimate(support[s], int(n[s]), params)
+    return est, n
+
+
 def candidates_from_good_centers(params: GoodCentersRound, hist: Histogram, settings: Settings, k: int):
     """Heavy buckets of every (radius, hash) and the noisy averages of their points.
 
@@ -120,17 +131,14 @@ def candidates_from_good_centers(params: GoodCentersRound, hist: Histogram, sett
     d = params.dim
     v0 = olh.background_variance(params.oracle.epsilon, params.oracle.g)
     out, counts, info = [], [], []
+    est, n_all = _estimates_many(hist, range(params.subs), params.oracle)  # sub (i, m, j) = (i M + m) d + j
     for i in range(params.radii):
         for m in range(params.hashes):
-            F, n = [], []
-            for j in range(d):
-                f, nj = _estimates(hist, (i * params.hashes + m) * d + j, params.oracle)
-                F.append(f)
-                n.append(nj)
+            base = (i * params.hashes + m) * d
+            F, n = est[base : base + d], [int(v) for v in n_all[base : base + d]]
             n_pair = sum(n)
             if n_pair == 0:
                 continue
-            F = np.stack(F)  # (d, 2B)
             c_hat = (F[:, 0::2] + F[:, 1::2]).sum(axis=0)
             threshold = settings.heavy_z * math.sqrt(2.0 * n_pair * v0)
             order = np.argsort(-c_hat, kind="stable")[: settings.per_hash(k)]
