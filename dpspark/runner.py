@@ -40,6 +40,7 @@ import math
 import os
 import secrets
 import tempfile
+import threading
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -199,10 +200,14 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         "privacy_note": privacy_note, "guarantee": guarantee, "charge_reused_from": None, "error": None,
         "charged": False, "fit_started": False, "non_private_operational": None,
     }
-    with step("write runs table (running)", timings):
-        # A new attempt: the previous summary.json must not be read as this run's result.
-        tables.delete_file(spark, paths["summary"])
-        tables.write_run_record(spark, paths["runs"], record)
+    # A new attempt: the previous summary.json must not be read as this run's result.
+    tables.delete_file(spark, paths["summary"])
+    # The ``running`` row is operational (the ledger, not runs/, decides about charges): it is written
+    # in a thread while the input is opened and the ledger charged (a Delta commit, seconds in a cold
+    # JVM). Settled (waited for, its error raised) before the fit when there is a ledger, so that an
+    # attempt whose runs row failed ends before its fit and a retry may reuse its charge; else before
+    # the outputs; and always before this attempt's next write to runs/.
+    running_row = _SparkBackground(_write_running_row, spark, paths["runs"], dict(record), timings)
     input_key = None
     wrote_outputs = False
     try:
@@ -233,6 +238,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
                     ready(spark)
             except DPSparkError as exc:
                 record.update(status="awaiting", ended_at=_now(), error=str(exc)[:4000])
+                _settle(running_row, timings, quiet=True)
                 _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee, input_key)
                 raise _Recorded(exc) from None
 
@@ -263,12 +269,14 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
                         )
             except BudgetRefused as exc:
                 record.update(status="refused", ended_at=_now(), error=str(exc))
+                _settle(running_row, timings, quiet=True)
                 _record_end(spark, paths, record, None, config, run_id, attempt, guarantee)
                 raise _Recorded(exc) from None
             # The charge is written; from here on the budget stays spent whatever happens.
             record.update(epsilon_spent=plan_eps, delta_spent=plan_delta, charged=True)
 
         if ledger is not None:  # from here on this attempt's charge is spent for good
+            _settle(running_row, timings)
             with step("privacy ledger: fit started", timings):
                 ledger.mark(input_key, run_id, "fit_started", attempt=attempt, guarantee=guarantee)
         record["fit_started"] = True
@@ -286,6 +294,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
                       # the validated config, and what the fit chose from it (auto: its method and why)
                       parameters=_json({**config.to_dict(), "fitted": model.parameters}))
         degenerate = _collapse(config, model)
+        _settle(running_row, timings)
         wrote_outputs = True  # from here a failure deletes what this attempt wrote
         summary = {
             "run_id": run_id, "attempt": attempt, "status": "succeeded", "algorithm": config.algorithm.name,
@@ -336,7 +345,11 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         log.error("run %s attempt %d %s: %s", run_id, attempt, "killed" if killed else "failed", exc)
         if killed:
             reset_py4j_connection(spark)
-            _cancel_jobs(spark)
+            _cancel_jobs(spark)  # the running row's write too, if it is still under way
+        try:  # the thread's row lands (or fails) before this attempt's end is written over it
+            _settle(running_row, timings, quiet=True)
+        except Exception:
+            pass
         if wrote_outputs:
             _cleanup(spark, paths, run_id)
         record.update(status="killed" if killed else "failed", ended_at=_now(), error=_error_text(exc, record["fit_started"]))
@@ -362,9 +375,47 @@ class _Recorded(Exception):
 
 
 def _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee, input_key=None) -> None:
-    tables.write_run_record(spark, paths["runs"], record)
-    if ledger is not None and input_key is not None:  # an attempt that never opened its input has no ledger events
-        ledger.mark(input_key, run_id, record["status"], attempt=attempt, guarantee=guarantee)
+    """The attempt's end in runs/ and in the ledger. The ledger's event is written even when the runs/
+    row fails (runs/ is operational; the ledger's ``failed`` is what lets a retry reuse a charge that
+    covered nothing); the first error is raised after both were tried."""
+    try:
+        tables.write_run_record(spark, paths["runs"], record)
+    finally:
+        if ledger is not None and input_key is not None:  # an attempt that never opened its input has no ledger events
+            ledger.mark(input_key, run_id, record["status"], attempt=attempt, guarantee=guarantee)
+
+
+RUNNING_ROW_STEP = "write runs table (running, in a thread)"
+WAIT_RUNNING_ROW_STEP = "wait for the runs table (running)"
+
+
+def _write_running_row(spark, runs_path: str, record: dict, timings: dict) -> None:
+    """The attempt's ``running`` row (in a thread: see ``run``). Timed into ``timings`` under its own
+    name, and logged in one line that is not a step line: it overlaps the steps of the main thread."""
+    import time
+
+    start = time.perf_counter()
+    tables.write_run_record(spark, runs_path, record)
+    seconds = time.perf_counter() - start
+    timings[RUNNING_ROW_STEP] = seconds
+    log.info("runs table: the running row was written in a thread in %.2f s", seconds)
+
+
+def _settle(background, timings: dict, quiet: bool = False) -> None:
+    """Wait for ``background`` (once; timed as a step if it is still running) and raise its error,
+    or, with ``quiet`` (a path that records a failure anyway), log it."""
+    if background.settled:
+        return
+    try:
+        if background.done():
+            background.result()
+        else:
+            with step(WAIT_RUNNING_ROW_STEP, timings):
+                background.result()
+    except BaseException as exc:
+        if not quiet or not isinstance(exc, Exception):
+            raise
+        log.error("the running row of runs/ was not written: %s", exc)
 
 
 def _cancel_jobs(spark) -> None:
@@ -434,14 +485,16 @@ def _public_domain(config) -> dict:
 
 
 class _Background:
-    """``fn(*args)`` in a daemon thread; ``result()`` waits and returns its value or raises its error."""
+    """``fn(*args)`` in a daemon thread; ``result()`` waits and returns its value or raises its error
+    (once: ``settled`` is then true, and later calls return the value or None)."""
 
     def __init__(self, fn, *args):
-        import threading
-
         self._value = self._error = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="dpspark-background", daemon=True)
+        self.settled = False
+        self._thread = self._new_thread(target=self._run, args=(fn, args), name="dpspark-background", daemon=True)
         self._thread.start()
+
+    _new_thread = staticmethod(threading.Thread)
 
     def _run(self, fn, args):
         try:
@@ -449,11 +502,28 @@ class _Background:
         except BaseException as exc:  # handed to the caller of result()
             self._error = exc
 
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
     def result(self):
         self._thread.join()
-        if self._error is not None:
-            raise self._error
+        self.settled = True
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
         return self._value
+
+
+class _SparkBackground(_Background):
+    """A ``_Background`` whose function calls Spark: an ``InheritableThread``, which in pinned-thread
+    mode gives the thread its own py4j connection and the main thread's job properties."""
+
+    @staticmethod
+    def _new_thread(**kwargs):
+        from pyspark import InheritableThread
+
+        target = kwargs.pop("target")
+        return InheritableThread(target, **kwargs)
 
 
 def _report_info(summary, timings, diagnostics, config=None) -> dict:

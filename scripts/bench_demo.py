@@ -81,7 +81,7 @@ _STEP_LINE = re.compile(r"^\[dpspark\] \d\d:\d\d:\d\d (.+) done in ([0-9.]+)s\s*
 TOP_STEPS = ["start Spark session", "pre-flight checks", "write runs table (running)",
              "read input table (schema and version)", "privacy ledger: start", "check the public inputs",
              "check that every input is in", "privacy ledger: earlier attempts", "privacy ledger: charge",
-             "privacy ledger: fit started", "FIT", "write centers table", "write report.png",
+             "wait for the runs table (running)", "privacy ledger: fit started", "FIT", "write centers table", "write report.png",
              "write runs table and summary.json", "privacy ledger: end"]
 
 

@@ -122,6 +122,7 @@ NUMERIC = {"wall_s", "py_peak_mb", "jvm_peak_mb", "us_per_point", "epsilon_spent
 # the fit of either is "FIT". A top-level step not named here goes to "other steps" (the runner's list grows).
 STEP_COLUMNS = [("Spark session", ["start Spark session"]),
                 ("pre-flight, ledger, runs row", ["pre-flight checks", "write runs table (running)",
+                                                  "wait for the runs table (running)",
                                                   "privacy ledger: start", "privacy ledger: earlier attempts",
                                                   "privacy ledger: charge", "privacy ledger: fit started",
                                                   "privacy ledger: end"]),

@@ -13,6 +13,7 @@ from dpspark import session, tables
 from dpspark.cli import main
 from dpspark.errors import BudgetRefused
 from dpspark.privacy.ledger import Ledger
+from dpspark.runner import RUNNING_ROW_STEP
 
 from test_pipeline import make_config, points_frame, set_budget
 
@@ -174,7 +175,7 @@ def test_a_charged_run_writes_its_ledger_events_in_three_commits(spark, tmp_path
     record = spark.read.format("delta").load(c["output"]["path"] + "/runs").first()
     steps = json.loads(record.non_private_operational)["timings"]
     assert "privacy ledger: earlier attempts" not in steps  # a first attempt: nothing to take over
-    for name in ("write runs table (running)", "read input table (schema and version)", "privacy ledger: charge",
+    for name in (RUNNING_ROW_STEP, "read input table (schema and version)", "privacy ledger: charge",
                  "privacy ledger: fit started", "dplloyd: fit", "write centers table"):
         assert name in steps
     assert ledger.totals(key).spent_epsilon == pytest.approx(1.0)
@@ -358,3 +359,128 @@ def test_the_kill_signal_resets_the_connection_before_any_finally_runs(spark):
                 seen["in_finally"] = items.add("b")  # what an unpersist in a finally would do
     assert seen["in_finally"] is True  # its own answer, not the interrupted call's 1
     assert items.size() == 2
+
+
+def _running_row_writer(monkeypatch, before_running):
+    """tables.write_run_record with ``before_running(record)`` called first for a ``running`` row."""
+    real = tables.write_run_record
+
+    def write(spark_, path, record):
+        if record["status"] == "running":
+            before_running(record)
+        return real(spark_, path, record)
+
+    monkeypatch.setattr(tables, "write_run_record", write)
+
+
+def test_the_running_row_is_written_while_the_input_is_read_and_the_fit_runs(spark, tmp_path, write_delta, monkeypatch):
+    """Without a ledger the fit does not wait for the ``running`` row (a cold Delta commit); the
+    outputs do, and the attempt's last row is written over it."""
+    from dpspark.dplloyd.estimator import DPLloyd
+
+    path = write_delta(points_frame(20))
+    cfg, c = make_config(tmp_path, path, **{"output.report": False})
+    fit_began, seen = threading.Event(), {}
+    _running_row_writer(monkeypatch, lambda record: seen.setdefault("fit_first", fit_began.wait(20)))
+    original = DPLloyd.fit
+
+    def spy(self, df, timings=None, operational=None):
+        fit_began.set()
+        return original(self, df, timings, operational)
+
+    monkeypatch.setattr(DPLloyd, "fit", spy)
+    assert main(["run", "--config", cfg, "--run-id", "overlap"], spark=spark) == 0
+    assert seen["fit_first"] is True  # the row waited for the fit to begin: they overlapped
+    runs = spark.read.format("delta").load(c["output"]["path"] + "/runs").collect()
+    assert [(r.attempt, r.status) for r in runs] == [(1, "succeeded")]
+
+
+def test_with_a_ledger_the_fit_starts_only_after_the_running_row(spark, tmp_path, write_delta, monkeypatch):
+    """With a ledger the row overlaps the charge, and is settled before ``fit_started``: the row is
+    held back until the charge is written, and is still in ``runs/`` before ``fit_started``."""
+    import time
+
+    path = write_delta(points_frame(20))
+    ledger_path = str(tmp_path / "ledger")
+    set_budget(spark, ledger_path, path, epsilon=3.0)
+    cfg, c = make_config(tmp_path, path, **{"privacy.ledger": ledger_path, "output.report": False})
+    charged, written, seen = threading.Event(), threading.Event(), {}
+    real = tables.write_run_record
+
+    def write(spark_, path_, record):
+        if record["status"] == "running":
+            charged.wait(30)
+            time.sleep(2.0)
+        real(spark_, path_, record)
+        if record["status"] == "running":
+            written.set()
+
+    real_charge, real_mark = Ledger.charge, Ledger.mark
+
+    def charge(self, *args, **kwargs):
+        result = real_charge(self, *args, **kwargs)
+        charged.set()
+        return result
+
+    def mark(self, key, run_id, status, **kwargs):
+        if status == "fit_started":
+            seen["row_written"] = written.is_set()
+        return real_mark(self, key, run_id, status, **kwargs)
+
+    monkeypatch.setattr(tables, "write_run_record", write)
+    monkeypatch.setattr(Ledger, "charge", charge)
+    monkeypatch.setattr(Ledger, "mark", mark)
+    assert main(["run", "--config", cfg, "--run-id", "settled"], spark=spark) == 0
+    assert seen["row_written"] is True
+    runs = spark.read.format("delta").load(c["output"]["path"] + "/runs").collect()
+    assert [(r.attempt, r.status) for r in runs] == [(1, "succeeded")]
+
+
+def test_a_running_row_that_fails_ends_the_attempt_before_its_fit_and_the_retry_reuses_the_charge(
+        spark, tmp_path, write_delta, monkeypatch):
+    from dpspark.dplloyd.estimator import DPLloyd
+
+    path = write_delta(points_frame(20))
+    ledger_path = str(tmp_path / "ledger")
+    key = set_budget(spark, ledger_path, path, epsilon=3.0)
+    cfg, c = make_config(tmp_path, path, **{"privacy.ledger": ledger_path, "output.report": False})
+    calls = []
+    original = DPLloyd.fit
+
+    def spy(self, df, timings=None, operational=None):
+        calls.append(1)
+        return original(self, df, timings, operational)
+
+    def disk_full(record):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(DPLloyd, "fit", spy)
+    _running_row_writer(monkeypatch, disk_full)
+    assert main(["run", "--config", cfg, "--run-id", "full"], spark=spark) == 1
+    ledger = Ledger(spark, ledger_path)
+    assert calls == [] and [e["status"] for e in ledger.runs(key)] == ["started", "charged", "failed"]
+    out = c["output"]["path"]
+    import os
+
+    assert not os.path.exists(os.path.join(out, "summary.json")) and not os.path.exists(os.path.join(out, "centers"))
+    monkeypatch.undo()
+    assert main(["run", "--config", cfg, "--run-id", "full"], spark=spark) == 0
+    assert ledger.totals(key).spent_epsilon == pytest.approx(1.0)  # the failed attempt released nothing
+    assert [e["status"] for e in ledger.runs(key)][3:] == ["started", "reused", "fit_started", "succeeded"]
+
+
+def test_without_a_ledger_a_failed_running_row_releases_nothing(spark, tmp_path, write_delta, monkeypatch):
+    import os
+
+    path = write_delta(points_frame(20))
+    cfg, c = make_config(tmp_path, path, **{"output.report": True})
+
+    def disk_full(record):
+        raise OSError("No space left on device")
+
+    _running_row_writer(monkeypatch, disk_full)
+    assert main(["run", "--config", cfg, "--run-id", "norow"], spark=spark) == 1
+    out = c["output"]["path"]
+    assert not any(os.path.exists(os.path.join(out, name)) for name in ("summary.json", "report.png", "centers"))
+    runs = spark.read.format("delta").load(out + "/runs").collect()
+    assert [(r.status, r.fit_started) for r in runs] == [("failed", True)] and runs[0].error.startswith("OSError")
