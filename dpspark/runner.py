@@ -200,6 +200,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         "privacy_note": privacy_note, "guarantee": guarantee, "charge_reused_from": None, "error": None,
         "charged": False, "fit_started": False, "non_private_operational": None,
     }
+    _warm_python_workers(spark)  # in a thread: public rows only
     # A new attempt: the previous summary.json must not be read as this run's result.
     tables.delete_file(spark, paths["summary"])
     # The ``running`` row is operational (the ledger, not runs/, decides about charges): it is written
@@ -482,6 +483,50 @@ def _collapse(config, model):
 def _public_domain(config) -> dict:
     d = config.domain
     return {"radius": d.radius} if d.radius is not None else {"lower": list(d.lower), "upper": list(d.upper)}
+
+
+WARM_UP_GROUP = "dpspark-warm-up"
+
+
+def _touch_python_modules(batches):
+    """The warm-up job's Python function: the imports of the fit's Arrow UDFs, then nothing."""
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401
+    import pyarrow  # noqa: F401
+
+    for batch in batches:
+        yield batch.iloc[:0]
+
+
+def _warm_python_workers(spark):
+    """Start the local Python workers while the driver opens the input and charges the ledger.
+
+    The fit's first pass otherwise pays for starting them (the worker daemon, one process per core,
+    their numpy, pandas and pyarrow imports): seconds of a small job. A Spark job over PUBLIC rows
+    only (``range``: no private value, no noise) in a daemon thread leaves them ready for the fit
+    (``spark.python.worker.reuse``). Only in local mode (a cluster's executors start their own) and
+    once per session; a failure is ignored (the fit starts the workers as before). Returns the
+    thread, or None when nothing was started."""
+    sc = spark.sparkContext
+    if getattr(sc, "_dpspark_warmed", False) or not str(sc.master).startswith("local"):
+        return None
+    if str(sc.getConf().get("spark.python.worker.reuse", "true")).lower() == "false":
+        return None
+    sc._dpspark_warmed = True
+    slots = max(1, min(int(sc.defaultParallelism), os.cpu_count() or 1))
+
+    def work():
+        try:
+            sc.setJobGroup(WARM_UP_GROUP, "dpspark: start the Python workers (public rows only)")
+            spark.range(0, slots, 1, slots).mapInPandas(_touch_python_modules, "id LONG").collect()
+        except Exception:
+            pass
+
+    from pyspark import InheritableThread
+
+    thread = InheritableThread(work, name="dpspark-warm-workers", daemon=True)
+    thread.start()
+    return thread
 
 
 class _Background:

@@ -484,3 +484,18 @@ def test_without_a_ledger_a_failed_running_row_releases_nothing(spark, tmp_path,
     assert not any(os.path.exists(os.path.join(out, name)) for name in ("summary.json", "report.png", "centers"))
     runs = spark.read.format("delta").load(out + "/runs").collect()
     assert [(r.status, r.fit_started) for r in runs] == [("failed", True)] and runs[0].error.startswith("OSError")
+
+
+def test_the_python_workers_are_started_once_per_local_session_by_a_job_over_public_rows(spark, monkeypatch):
+    from dpspark import runner
+
+    sc = spark.sparkContext
+    monkeypatch.setattr(sc, "_dpspark_warmed", False, raising=False)
+    before = len(sc.statusTracker().getJobIdsForGroup(runner.WARM_UP_GROUP))
+    thread = runner._warm_python_workers(spark)
+    thread.join(120)
+    assert len(sc.statusTracker().getJobIdsForGroup(runner.WARM_UP_GROUP)) == before + 1
+    assert runner._warm_python_workers(spark) is None  # once per session
+    monkeypatch.setattr(sc, "_dpspark_warmed", False)
+    monkeypatch.setattr(sc, "master", "spark://10.0.0.1:7077")
+    assert runner._warm_python_workers(spark) is None  # a cluster's executors start their own
