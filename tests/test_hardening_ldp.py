@@ -38,9 +38,15 @@ def run_keys(n: int, tag: str) -> list[str]:
 
 
 def collect_keys(points_df) -> pd.DataFrame:
-    from dpspark.ldp.spark import KEY
+    """The keyed points on the driver, in a canonical order (by key, or by point and duplicate index)."""
+    from dpspark.ldp.spark import DUP, KEY
 
-    return points_df.toPandas().sort_values(KEY).reset_index(drop=True)
+    pdf = points_df.toPandas()
+    order = [KEY] if KEY in pdf.columns else sorted(c for c in pdf.columns if c != DUP) + [DUP]
+    return pdf.sort_values(order).reset_index(drop=True)
+
+
+UNIT2 = ["_u0", "_u1"]
 
 
 # ----------------------------------------------------------------------------
@@ -103,12 +109,16 @@ def test_identical_rows_get_distinct_keys_whatever_the_partitioning(spark):
     # One key per valid row (the NaN row is dropped), all distinct, the same (key, point)
     # pairs whatever the order and partitioning (so a retried task re-sends the same reports).
     assert len(first) == len(rows) - 1
-    assert first[ldp_spark.KEY].is_unique
+    assert sorted(first.columns) == sorted([ldp_spark.DUP, *UNIT2])  # no key string made in the JVM
+    keys = ldp_spark.record_keys(first, UNIT2)
+    assert len(set(keys)) == len(keys) and {len(k) for k in keys} == {24}
     pd.testing.assert_frame_equal(first, second)
+    assert ldp_spark.record_keys(second, UNIT2) == keys
     # Rows with the same point are numbered 0..m-1 (0.0 and -0.0 are the same point).
-    content = first[ldp_spark.KEY].str.split("#").str[0]
-    index = first[ldp_spark.KEY].str.split("#").str[1].astype(int)
+    content = pd.Series([k[:16] for k in keys])
+    index = first[ldp_spark.DUP]
     assert sorted(index.groupby(content).max().add(1).tolist()) == [1, 2, 3, 5]
+    assert sorted(index.groupby(content).apply(lambda s: sorted(s) == list(range(len(s)))).tolist()) == [True] * 4
     # The old, content-only keying gives these rows repeated keys: the check above catches it.
     assert not content.is_unique
 
@@ -150,7 +160,7 @@ def test_simulate_mode_on_heavily_duplicated_data(spark):
     assert model.centers.shape == (2, 2) and np.all(np.isfinite(model.centers))
 
     local = collect_keys(keyed)
-    seeds = ldp_spark.client_seeds(run_key, local[ldp_spark.KEY].tolist())
+    seeds = ldp_spark.client_seeds(run_key, ldp_spark.record_keys(local, UNIT2))
     chosen = np.nonzero(client.choose_round_batch(seeds, FRACTIONS) == 2)[0]
     sub, a, y = client.randomize_batch(local[["_u0", "_u1"]].to_numpy()[chosen], params, [seeds[i] for i in chosen])
     expected = protocol.Histogram.from_reports(sub, a, y)
@@ -240,15 +250,15 @@ def test_identical_rows_send_independent_reports(spark):
     params = protocol.assign_round(np.array([[-0.5, -0.5], [0.5, 0.5]]), epsilon, 2)  # g = 3: 27 cells
     rks = run_keys(60_000, "dup-rows")
     pm = marginal(u[0], params)
-    keys_same, keys_diff = same[ldp_spark.KEY].tolist(), diff[ldp_spark.KEY].tolist()
+    keys_same, keys_diff = ldp_spark.record_keys(same, UNIT2), ldp_spark.record_keys(diff, UNIT2)
     assert keys_same[0] != keys_same[1]
 
     fixed = independence_checks(report_cells(u, keys_same, params, rks), report_cells(u2, keys_diff, params, rks),
                                 pm, pm, epsilon)
     assert fixed["ok"], fixed
 
-    def content_only(keys):
-        return [k.split("#")[0] for k in keys]
+    def content_only(keys):  # the point's bytes without the duplicate index (its last 8 bytes)
+        return [k[:-8] for k in keys]
 
     broken = independence_checks(report_cells(u, content_only(keys_same), params, rks),
                                  report_cells(u2, content_only(keys_diff), params, rks), pm, pm, epsilon)

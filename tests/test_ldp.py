@@ -94,6 +94,26 @@ def test_client_is_deterministic_given_its_randomness_and_reads_only_its_inputs(
         client.randomize(point, params, 12345)
 
 
+def test_record_keys_of_rows_are_their_point_and_duplicate_index_in_fixed_width_bytes():
+    """Without a privacy unit a row's record key is its unit-space point (binary64, big-endian, -0.0
+    as 0.0) and its duplicate index (int64, big-endian): fixed width, hence injective, no hash; the
+    batch seeds equal ``user_seed`` for string and bytes keys."""
+    import struct
+
+    pts = np.array([[0.25, -0.0], [0.25, 0.0], [0.25, 0.0], [-1.0, 1.0], [np.nextafter(0.25, 1), 0.0]])
+    dup = np.array([0, 1, 0, 0, 0])
+    keys = client.point_record_keys(pts, dup)
+    assert keys[0] == struct.pack(">ddq", 0.25, 0.0, 0) == keys[2]  # -0.0 is 0.0: the same point
+    assert keys[1] == struct.pack(">ddq", 0.25, 0.0, 1) and keys[4] == struct.pack(">ddq", np.nextafter(0.25, 1), 0.0, 0)
+    assert {len(k) for k in keys} == {24} and len(set(keys)) == 4
+    assert client.point_record_keys(np.zeros((0, 3)), []) == []
+    run_key = "ab" * 32
+    mixed = keys + ["user-1", "ünïcode", ""]
+    assert client.client_seeds(run_key, mixed) == [client.user_seed(run_key, k) for k in mixed]
+    assert client.user_seed(run_key, "x") == client.user_seed(run_key, b"x")  # str keys are UTF-8
+    assert client.user_seed(run_key, keys[1]) != client.user_seed(run_key, keys[0])
+
+
 def test_round_parameters_round_trip_exactly_through_json():
     p1 = small_good_centers(1.5, dim=3, buckets=128)
     back = client.round_from_dict(json.loads(json.dumps(p1.to_dict())))

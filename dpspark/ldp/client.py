@@ -137,15 +137,60 @@ class Report:
 # Randomness
 
 
-def user_seed(run_key: str, record_key: str) -> bytes:
+USER_PREFIX = b"dpspark-ldp-user|"
+
+
+def _key_bytes(record_key) -> bytes:
+    if isinstance(record_key, bytes):
+        return record_key
+    if isinstance(record_key, (bytearray, memoryview)):
+        return bytes(record_key)
+    return str(record_key).encode()
+
+
+def user_seed(run_key: str, record_key: str | bytes) -> bytes:
     """A simulated user's secret seed: SHA-256("dpspark-ldp-user|" run key "|" record key).
 
-    Deterministic per record key and run. The record key must be different for
-    different people, ALSO when their records are identical (``dpspark.ldp.spark``
-    keys a record by its privacy unit, or by its content AND its duplicate index):
-    equal keys mean equal seeds, hence equal, perfectly correlated reports.
+    Deterministic per record key and run. The record key (a string, UTF-8 encoded, or
+    bytes) must be different for different people, ALSO when their records are
+    identical (``dpspark.ldp.spark`` keys a record by its privacy unit, or by its
+    content AND its duplicate index: ``point_record_keys``): equal keys mean equal
+    seeds, hence equal, perfectly correlated reports.
     """
-    return hashlib.sha256(b"dpspark-ldp-user|" + run_key.encode() + b"|" + record_key.encode()).digest()
+    return hashlib.sha256(USER_PREFIX + run_key.encode() + b"|" + _key_bytes(record_key)).digest()
+
+
+def point_record_keys(points, dup) -> list[bytes]:
+    """Record keys of rows keyed by their content and duplicate index (no privacy unit).
+
+    Key of row r = the 8 d bytes of its unit-space point (IEEE 754 binary64, big-endian, one
+    coordinate after the other, -0.0 written as 0.0) followed by the 8 bytes of its duplicate
+    index (big-endian int64). Every key of a run has the same length 8 (d + 1), so the map
+    (point, index) -> key is injective: two rows get equal keys only when their points are
+    equal AND their duplicate indices are equal, which ``dpspark.ldp.spark.duplicate_keys``
+    never gives two rows (no hash is involved, so not even a collision can merge two people).
+    """
+    x = np.asarray(points, dtype=np.float64)
+    index = np.asarray(dup, dtype=np.int64).reshape(-1)
+    if len(index) == 0:  # before any reshape: numpy cannot reshape an empty array to (0, -1)
+        return []
+    x = x.reshape(len(index), -1) + 0.0  # -0.0 + 0.0 = +0.0: equal points, equal bytes
+    width = x.shape[1] + 1
+    buf = np.empty((len(index), width), dtype=">i8")
+    buf[:, :-1] = x.astype(">f8").view(">i8")
+    buf[:, -1] = index
+    raw = buf.tobytes()
+    step = 8 * width
+    return [raw[i : i + step] for i in range(0, len(raw), step)]
+
+
+def frame_record_keys(frame, key_column: str, dup_column: str, point_columns) -> list:
+    """The record keys of a batch (a pandas DataFrame, used through its methods only): the strings
+    of ``key_column`` if it has one, else ``point_record_keys`` of its points and ``dup_column``."""
+    if key_column in frame.columns:
+        return frame[key_column].tolist()
+    return point_record_keys(frame[list(point_columns)].to_numpy(dtype=np.float64),
+                             frame[dup_column].to_numpy(dtype=np.int64))
 
 
 def _words_to_uniforms(digests: bytes, count: int) -> np.ndarray:
@@ -173,8 +218,14 @@ def _round_of(u, fractions) -> np.ndarray:
 
 
 def client_seeds(run_key: str, keys) -> list[bytes]:
-    """The secret seed of each simulated client (``user_seed`` of its record key)."""
-    return [user_seed(run_key, k) for k in keys]
+    """The secret seed of each simulated client (``user_seed`` of its record key: str or bytes)."""
+    base = hashlib.sha256(USER_PREFIX + run_key.encode() + b"|")
+    out = []
+    for k in keys:
+        h = base.copy()  # the prefix's state, hashed once per batch: the same digest as user_seed
+        h.update(_key_bytes(k))
+        out.append(h.digest())
+    return out
 
 
 def choose_round(randomness, fractions) -> int:
@@ -311,6 +362,6 @@ def randomize_batch(points, round_params, seeds) -> tuple[np.ndarray, np.ndarray
 
 
 __all__ = [
-    "GoodCentersRound", "AssignRound", "Report", "round_from_dict", "user_seed", "choose_round",
+    "GoodCentersRound", "AssignRound", "Report", "round_from_dict", "user_seed", "point_record_keys", "choose_round",
     "choose_round_batch", "to_unit", "randomize", "randomize_batch", "lsh_buckets", "nearest_index",
 ]

@@ -10,14 +10,19 @@ are equal changes by a factor 1 / P[R(x') = r], far above e^epsilon). So:
 
 - with ``input.privacy_unit``: the key is the person's value, after contribution
   bounding (one row per person, so keys are distinct);
-- without it: every row is a person, and the key is SHA-256 of the row's
-  unit-space point AND its duplicate index: the m rows with the same point are
-  numbered 0..m-1 (``duplicate_keys``). Rows with the same point are
+- without it: every row is a person, and the key is the row's unit-space point
+  AND its duplicate index: the m rows with the same point are numbered 0..m-1 in
+  the column ``__ldp_dup`` (``duplicate_keys``), and the executors' Python makes
+  the key bytes from the point's 8 d bytes and the index's 8 bytes
+  (``client.point_record_keys``: fixed length, so distinct (point, index) pairs
+  give distinct keys, no hash collision involved). Rows with the same point are
   interchangeable, so which of them gets which index does not matter: the
   multiset of (key, point) pairs is a function of the multiset of points, hence
   the same under task retries, recomputation of a cached table and any
   partitioning (a retried task re-sends the same reports, and every person
-  answers in the same round in all three passes).
+  answers in the same round in all three passes). (Until issue 15 the key was the
+  string "<SHA-256 of to_json(point)>#<index>" made in the JVM: the JSON formatting
+  and hashing of every row was about a third of the fit at n = 10^6, d = 10.)
 
 The run key reaches the executors inside the ``mapInPandas`` closure, never as a
 literal in a query plan. The executors run the numpy client
@@ -44,36 +49,42 @@ from dpspark.ldp.protocol import Histogram
 from dpspark.privacy.bounding import bound_contributions, unit_key
 from dpspark.progress import log
 
-KEY = "__ldp_key"
+KEY = "__ldp_key"  # record key column (string) when rows are keyed by the privacy unit
+DUP = "__ldp_dup"  # duplicate index column (long) when rows are keyed by their content
 REPORT_SCHEMA = "sub INT, a LONG, y INT"
 
 
 def duplicate_keys(unit_df, unit_names: list[str]):
-    """One row per input row, keyed by SHA-256 of its point and its duplicate index.
+    """One row per input row: its (unit-space) point and its duplicate index ``__ldp_dup``.
 
-    Rows with the same (unit-space) point are grouped and counted, then expanded
-    back into m rows with the indices 0..m-1: key = "<SHA-256 of the point>#<index>".
-    Deterministic, no ordering involved: the output multiset depends only on the
-    multiset of points. -0.0 is normalised to 0.0 first, so equal points have equal
-    hashes (their reports would be the same anyway).
+    Rows with the same point are grouped and counted, then expanded back into m rows with
+    the indices 0..m-1; the record key is (point, index) (``client.point_record_keys``, made
+    on the executors from these columns). Deterministic, no ordering involved: the output
+    multiset depends only on the multiset of points. -0.0 is normalised to 0.0 first, so
+    equal points are one group (their reports would be the same anyway).
     """
     from pyspark.sql import functions as F
 
     normal = [F.when(F.col(n) == 0.0, F.lit(0.0)).otherwise(F.col(n)).alias(n) for n in unit_names]
     counted = unit_df.select(*normal).groupBy(*unit_names).count()
-    point_hash = F.sha2(F.to_json(F.struct(*[F.col(n) for n in unit_names])), 256)
     index = F.explode(F.sequence(F.lit(0).cast("long"), F.col("count") - 1))
-    return counted.select(point_hash.alias("__ldp_point"), *[F.col(n) for n in unit_names], index.alias("__ldp_dup")) \
-        .select(F.concat_ws("#", F.col("__ldp_point"), F.col("__ldp_dup").cast("string")).alias(KEY),
-                *[F.col(n) for n in unit_names])
+    return counted.select(index.alias(DUP), *[F.col(n) for n in unit_names])
+
+
+def record_keys(pdf, columns: list[str]) -> list:
+    """The record keys of a batch of ``keyed_points`` rows: the ``__ldp_key`` strings (privacy unit),
+    else the (point, duplicate index) bytes of ``client.point_record_keys``."""
+    return client.frame_record_keys(pdf, KEY, DUP, columns)
 
 
 def keyed_points(df, features, privacy_unit, domain, run_key):
-    """(DataFrame with the record key ``__ldp_key`` and unit-space ``_u0.._u{d-1}``, feature names).
+    """(DataFrame of unit-space ``_u0.._u{d-1}`` and the record key, feature names).
 
-    Keys are distinct per person (see the module docstring); ``run_key`` is used only
-    by contribution bounding (through its own sub-key), and only when ``privacy_unit``
-    is set.
+    The record key is the column ``__ldp_key`` (the privacy unit's value) when
+    ``privacy_unit`` is set, else the point with its duplicate index ``__ldp_dup``
+    (``record_keys`` reads either). Keys are distinct per person (see the module
+    docstring); ``run_key`` is used only by contribution bounding (through its own
+    sub-key), and only when ``privacy_unit`` is set.
     """
     from pyspark.sql import functions as F
 
@@ -113,7 +124,7 @@ def client_runner(params, run_key: str, fractions, round_no: int, columns: list[
         for pdf in batches:
             if len(pdf) == 0:
                 continue
-            seeds = client.client_seeds(run_key, pdf[KEY].tolist())
+            seeds = client.client_seeds(run_key, client.frame_record_keys(pdf, KEY, DUP, columns))
             chosen = np.nonzero(client.choose_round_batch(seeds, fractions) == round_no)[0]
             if len(chosen) == 0:  # no client of this batch answers in this round
                 continue
