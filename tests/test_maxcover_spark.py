@@ -439,3 +439,48 @@ def test_spilled_histogram_scores_equal_brute_force(spark):
     assert any(updated_nonzero)  # some updates left non-trivial scores (not just all zeros)
     df.unpersist()
 
+
+
+# ----------------------------------------------------------------------------
+# The driver's decoding of a collected histogram (issue 15, performance)
+
+
+@pytest.mark.parametrize("n_cand", [1, 7, 8, 9, 37, 1000])
+def test_packed_signatures_decode_to_the_reference_incidence(n_cand):
+    """``_packed_to_csr`` (non-zero bytes only) gives the matrix of the bit-by-bit reference ``_keys_to_csr``,
+    across its chunk boundaries, with empty rows, and ignoring set padding bits as ``unpackbits(count=|V|)`` does."""
+    from dpspark.maxcover.passes import _keys_to_csr, _packed_to_csr
+
+    rng = np.random.default_rng(n_cand)
+    bits = rng.random((301, n_cand)) < rng.choice([0.0, 0.01, 0.3], size=(301, 1))
+    packed = np.packbits(bits, axis=1)
+    if n_cand % 8:
+        packed[::3, -1] |= np.uint8(0xFF >> (n_cand % 8))  # padding bits: not candidates
+    want = _keys_to_csr([row.tobytes() for row in packed], n_cand)
+    for chunk in (1, 7, 65_536):
+        got = _packed_to_csr(packed, n_cand, chunk=chunk)
+        assert got.shape == want.shape and got.dtype == np.int8 and got.has_sorted_indices
+        assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
+        assert np.array_equal(got.toarray(), bits.astype(np.int8))
+    assert _packed_to_csr(np.zeros((0, (n_cand + 7) // 8), dtype=np.uint8), n_cand).shape == (0, n_cand)
+    with pytest.raises(ValueError):
+        _packed_to_csr(np.zeros((2, (n_cand + 7) // 8 + 1), dtype=np.uint8), n_cand)
+
+
+def test_collected_arrow_histogram_reads_every_chunk():
+    """A collected (sig, n) Arrow table of several record batches: its rows and counts in order, no Python bytes per key."""
+    import pyarrow as pa
+
+    from dpspark.maxcover.passes import _collected_signatures
+
+    rng = np.random.default_rng(5)
+    packed = rng.integers(0, 256, size=(50, 5), dtype=np.uint8)
+    counts = rng.integers(1, 1000, size=50)
+    batches = [pa.RecordBatch.from_arrays([pa.array([r.tobytes() for r in packed[a:b]], type=pa.binary()),
+                                           pa.array(counts[a:b], type=pa.int64())], names=["sig", "n"])
+               for a, b in ((0, 20), (20, 20), (20, 50))]
+    rows, n = _collected_signatures(pa.Table.from_batches(batches), 5)
+    assert np.array_equal(rows, packed) and np.array_equal(n, counts) and n.dtype == np.int64
+    empty = pa.Table.from_batches([], schema=batches[0].schema)
+    rows, n = _collected_signatures(empty, 5)
+    assert rows.shape == (0, 5) and n.shape == (0,) and n.dtype == np.int64

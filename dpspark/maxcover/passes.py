@@ -45,6 +45,7 @@ import scipy.sparse as sp
 from dpspark.maxcover.core import PerPickScores
 from dpspark.maxcover.kernels import (
     _chunk_rows,
+    _signature_rows,
     cell_aggregator,
     histogram_score_aggregator,
     signature_aggregator,
@@ -91,6 +92,50 @@ def _keys_to_csr(keys: list[bytes], n_candidates: int, chunk: int = 65_536) -> s
         bits = np.unpackbits(block, axis=1, count=n_candidates).astype(bool)
         parts.append(sp.csr_matrix(bits, dtype=np.int8))
     return sp.vstack(parts, format="csr")
+
+
+def _packed_to_csr(rows: np.ndarray, n_candidates: int, chunk: int = 65_536) -> sp.csr_matrix:
+    """Incidence matrix of packed-bitset signatures given as a (rows x ceil(|V|/8)) uint8 array.
+
+    The same matrix as ``_keys_to_csr`` of the rows' bytes (bits past ``n_candidates`` ignored), built
+    from the non-zero BYTES only: a signature holds a few candidates of |V|, so the bits are expanded
+    for those bytes and never for the whole (rows x |V|) bit matrix. Chunked: bounded memory.
+    """
+    n_bytes = (n_candidates + 7) // 8
+    rows = np.asarray(rows, dtype=np.uint8)
+    if rows.ndim != 2 or rows.shape[1] != n_bytes:
+        raise ValueError(f"packed signatures must be (rows x {n_bytes}) bytes, got shape {rows.shape}")
+    n_rows = rows.shape[0]
+    idx_dtype = np.int32 if n_rows * n_candidates < 2**31 - 1 else np.int64
+    indices_parts, lengths = [], np.zeros(n_rows, dtype=np.int64)
+    for start in range(0, n_rows, chunk):
+        block = rows[start : start + chunk]
+        r, b = np.nonzero(block)  # row-major: rows ascending, bytes ascending within a row
+        bits = np.unpackbits(block[r, b][:, None], axis=1)  # big-endian: bit j of byte b is candidate 8 b + j
+        i, j = np.nonzero(bits)
+        cols = b[i].astype(np.int64) * 8 + j
+        keep = cols < n_candidates
+        cols, rr = cols[keep], r[i][keep]
+        lengths[start : start + block.shape[0]] = np.bincount(rr, minlength=block.shape[0])
+        indices_parts.append(cols.astype(idx_dtype))
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    indices = np.concatenate(indices_parts) if indices_parts else np.zeros(0, dtype=idx_dtype)
+    return sp.csr_matrix((np.ones(indices.size, dtype=np.int8), indices, indptr.astype(idx_dtype)),
+                         shape=(n_rows, n_candidates))
+
+
+def _collected_signatures(table, n_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows x n_bytes uint8 packed signatures, int64 counts) of a collected (sig BINARY, n LONG) Arrow table.
+
+    Read from the Arrow buffers chunk by chunk (``kernels._signature_rows``): no Python bytes
+    object per key, no pandas conversion.
+    """
+    sig, cnt = table.column("sig"), table.column("n")
+    parts = [_signature_rows(chunk, n_bytes) for chunk in sig.chunks]
+    rows = np.concatenate(parts) if parts else np.zeros((0, n_bytes), dtype=np.uint8)
+    counts = np.concatenate([c.to_numpy(zero_copy_only=False) for c in cnt.chunks]) if cnt.num_chunks else np.zeros(0)
+    return rows, counts.astype(np.int64)
 
 
 # Re-persist the uncovered points once at most this fraction of the persisted set is uncovered.
@@ -199,7 +244,7 @@ class SparkCoverage:
             self._current_rows = int(total)
 
     def histogram(self, i: int, covered_picks):
-        """One pass: the persisted histogram and, if it has at most ``max_signatures`` rows, its keys and counts."""
+        """One pass: the persisted histogram and, if it has at most ``max_signatures`` rows, its packed signature rows (uint8) and counts."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -211,17 +256,17 @@ class SparkCoverage:
                 .groupBy("sig").agg(F.sum("n").alias("n"))
                 .persist(StorageLevel.MEMORY_AND_DISK)
             )
-            pdf = hist.limit(self.max_signatures + 2).toPandas()  # + 1 for the empty signature
+            table = hist.limit(self.max_signatures + 2).toArrow()  # + 1 for the empty signature
             self.counter.add("signature histogram")
         self._retire()
-        keys = [bytes(k) for k in pdf["sig"]]
-        counts = pdf["n"].to_numpy(dtype=np.int64)
-        empty = np.array([not any(k) for k in keys], dtype=bool)
-        if len(keys) - int(empty.sum()) > self.max_signatures:
+        rows, counts = _collected_signatures(table, (self.candidates.shape[0] + 7) // 8)
+        del table
+        nonempty = rows.any(axis=1)
+        if int(nonempty.sum()) > self.max_signatures:
             return hist, None
         hist.unpersist()
         self._saw_uncovered(int(counts.sum()))
-        return None, ([k for k, e in zip(keys, empty) if not e], counts[~empty])
+        return None, (rows[nonempty], counts[nonempty])
 
     def spilled_scores(self, i: int, threshold_picks: Sequence[int]) -> np.ndarray:
         """One job over threshold i's persisted histogram: exact scores given this threshold's picks so far.
@@ -275,9 +320,9 @@ class SparkCoverage:
             self.fallback_thresholds.append(i)
             self.histogram_sizes.append(-1)
             return PerPickScores(lambda threshold_picks: self.spilled_scores(i, threshold_picks))
-        keys, counts = hist
-        self.histogram_sizes.append(len(keys))
-        return _keys_to_csr(keys, self.candidates.shape[0]), counts
+        rows, counts = hist
+        self.histogram_sizes.append(int(rows.shape[0]))
+        return _packed_to_csr(rows, self.candidates.shape[0]), counts
 
 
 def snap_counts(df, columns: list[str], centers, counter: PassCounter | None = None, timings: dict | None = None) -> np.ndarray:
