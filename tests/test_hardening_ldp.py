@@ -171,6 +171,54 @@ def test_simulate_mode_on_heavily_duplicated_data(spark):
     assert len(local) == 600 and len(per_point) == 4 and all(0 < c < 150 for c in per_point)
 
 
+@pytest.mark.parametrize("unit", [None, "user"])
+def test_first_pass_gives_every_round_the_reports_of_its_own_pass(spark, unit):
+    """Issue 15: round 1's pass also sorts the records into their rounds, and rounds 2 and 3 read
+    only their own clients. Every round's histogram is the one a full pass over all the keyed
+    points gives (``simulate_round``), bit for bit, with duplicated rows, small Arrow batches
+    and keys by content or by privacy unit; each record lands in exactly one round, its own draw."""
+    from dpspark.ldp import spark as ldp_spark
+
+    rng = np.random.default_rng(4)
+    pts = np.round(rng.uniform(0, 100, size=(300, 2)), 0)  # many repeated points
+    pdf = pd.DataFrame({"user": [f"u{i}" for i in range(len(pts))], "x": pts[:, 0], "y": pts[:, 1]})
+    df = spark.createDataFrame(pdf).repartition(3)
+    run_key = Randomness(12).run_key
+    keyed, _ = ldp_spark.keyed_points(df, ("x", "y"), unit, DOMAIN, run_key)
+    good, assign = small_rounds()
+    assign3 = protocol.assign_round(np.array([[-0.2, 0.1], [0.4, -0.6], [0.9, 0.9]]), 1.0, 3)
+    old = spark.conf.get(MAX_BATCH, None)
+    spark.conf.set(MAX_BATCH, "16")
+    try:
+        split = ldp_spark.first_pass(keyed, good, run_key, FRACTIONS, 2).persist()
+        got = {1: ldp_spark.round_histogram(split, 1),
+               2: ldp_spark.simulate_round(ldp_spark.round_points(split, 2, 2), assign, run_key, FRACTIONS, 2, 2),
+               3: ldp_spark.simulate_round(ldp_spark.round_points(split, 3, 2), assign3, run_key, FRACTIONS, 3, 2)}
+        full = {r: ldp_spark.simulate_round(keyed, p, run_key, FRACTIONS, r, 2)
+                for r, p in ((1, good), (2, assign), (3, assign3))}
+        later = {r: collect_keys(ldp_spark.round_points(split, r, 2)) for r in (2, 3)}
+        split.unpersist()
+    finally:
+        if old is None:
+            spark.conf.unset(MAX_BATCH)
+        else:
+            spark.conf.set(MAX_BATCH, old)
+    for r in (1, 2, 3):
+        a, b = got[r], full[r]
+        order_a = np.lexsort((a.y, a.a, a.sub))
+        order_b = np.lexsort((b.y, b.a, b.sub))
+        for f in ("sub", "a", "y", "count"):
+            assert np.array_equal(getattr(a, f)[order_a], getattr(b, f)[order_b]), (r, f)
+    everyone = collect_keys(keyed)
+    rounds = client.choose_round_batch(
+        ldp_spark.client_seeds(run_key, ldp_spark.record_keys(everyone, UNIT2)), FRACTIONS)
+    assert got[1].total == int(np.sum(rounds == 1)) > 0
+    for r in (2, 3):
+        mine = everyone.iloc[np.nonzero(rounds == r)[0]].reset_index(drop=True)
+        pd.testing.assert_frame_equal(later[r][everyone.columns], mine[everyone.columns])
+        assert len(later[r]) > 0
+
+
 # ----------------------------------------------------------------------------
 # Defect 2: the statistics of two identical rows
 
@@ -308,6 +356,9 @@ def test_run_key_and_sub_keys_stay_out_of_query_plans(spark):
         "ldp keyed_points (rows)": keyed_rows,
         "ldp clients": keyed_unit.mapInPandas(
             ldp_spark.client_runner(params, run_key, FRACTIONS, 1, tables.unit_columns(2)), ldp_spark.REPORT_SCHEMA),
+        "ldp first pass (rows)": ldp_spark.first_pass(keyed_rows, small_rounds()[0], run_key, FRACTIONS, 2),
+        "ldp round 2 of the first pass (unit)": ldp_spark.round_points(
+            ldp_spark.first_pass(keyed_unit, small_rounds()[0], run_key, FRACTIONS, 2), 2, 2),
     }
     for name, frame in frames.items():
         before = plan_text(frame)

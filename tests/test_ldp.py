@@ -114,6 +114,24 @@ def test_record_keys_of_rows_are_their_point_and_duplicate_index_in_fixed_width_
     assert client.user_seed(run_key, keys[1]) != client.user_seed(run_key, keys[0])
 
 
+def test_nearest_index_is_the_coordinatewise_sum_rule_in_blocks():
+    """The blocked, in-place nearest_index gives the labels of the plain rule (d2 = d2 + (x_t - c_t)^2
+    for t = 0..d-1, first minimum) bit for bit: ties at equal distance, more rows than one block,
+    one row at a time (a real client) and the whole batch agree."""
+    rng = np.random.default_rng(9)
+    c = rng.uniform(-1, 1, size=(37, 5))
+    x = np.concatenate([rng.uniform(-1, 1, size=(3000, 5)), c[[3, 3, 7]], (c[[1]] + c[[2]]) / 2])
+    c = np.concatenate([c, c[[3]]])  # a duplicate center: the first of the two wins
+    d2 = np.zeros((len(x), len(c)))
+    for t in range(x.shape[1]):
+        d2 = d2 + (x[:, t : t + 1] - c[None, :, t]) ** 2
+    ref = np.argmin(d2, axis=1)
+    got = client.nearest_index(x, c)
+    assert got.dtype == np.int64 and np.array_equal(got, ref)
+    assert [int(client.nearest_index(x[i : i + 1], c)[0]) for i in range(0, len(x), 97)] == ref[::97].tolist()
+    assert client.nearest_index(np.zeros((0, 5)), c).shape == (0,)
+
+
 def test_round_parameters_round_trip_exactly_through_json():
     p1 = small_good_centers(1.5, dim=3, buckets=128)
     back = client.round_from_dict(json.loads(json.dumps(p1.to_dict())))

@@ -8,7 +8,10 @@ Modes:
 - ``simulate`` (default): the executors run the numpy client (``dpspark.ldp.client``)
   for every record, with per-record randomness derived from the run's secret key
   and the record key, and Spark aggregates the reports into exact counts. Three
-  Spark passes, one per round.
+  Spark passes, one per round: round 1's reads every record, draws each client's
+  round from its own randomness (never from its point) and keeps, persisted, round
+  1's reports and the keyed points of the clients of rounds 2 and 3
+  (``spark.first_pass``); the passes of rounds 2 and 3 read only their own clients.
 - ``ingest``: the job never reads the private rows. It walks the rounds: a round
   whose parameters are not yet in ``protocol_path`` gets them computed (from the
   previous rounds' reports) and published; a round whose reports are not yet in
@@ -137,16 +140,26 @@ class LocalDP:
         from dpspark.ldp import spark as ldp_spark
 
         points, names = ldp_spark.keyed_points(df, self.features, self.privacy_unit, self.domain, randomness.run_key)
-        cached = points.persist()
+        run_key, dim = randomness.run_key, self.domain.dim
+        # Round 1's pass also sorts the records into their rounds (a draw from each client's own
+        # randomness); the persisted split holds round 1's reports and the keyed points of rounds
+        # 2 and 3, whose passes then read only their own clients (a quarter of the records each).
+        round_params = driver.params(1)
+        split = ldp_spark.first_pass(points, round_params, run_key, params.fractions, dim).persist()
         try:
-            for r in (1, 2, 3):
+            with step("ldp round 1: simulated clients report", timings):
+                hist = ldp_spark.round_histogram(split, 1)
+            with step("ldp round 1: server estimates", timings):
+                driver.absorb(1, round_params, hist)
+            for r in (2, 3):
                 round_params = driver.params(r)
                 with step(f"ldp round {r}: simulated clients report", timings):
-                    hist = ldp_spark.simulate_round(cached, round_params, randomness.run_key, params.fractions, r, self.domain.dim)
+                    hist = ldp_spark.simulate_round(ldp_spark.round_points(split, r, dim), round_params, run_key,
+                                                    params.fractions, r, dim)
                 with step(f"ldp round {r}: server estimates", timings):
                     driver.absorb(r, round_params, hist)
         finally:
-            cached.unpersist()
+            split.unpersist()
         return names
 
     def _ingest(self, spark, params, driver, timings, release: bool):

@@ -24,8 +24,11 @@ are equal changes by a factor 1 / P[R(x') = r], far above e^epsilon). So:
   string "<SHA-256 of to_json(point)>#<index>" made in the JVM: the JSON formatting
   and hashing of every row was about a third of the fit at n = 10^6, d = 10.)
 
-The run key reaches the executors inside the ``mapInPandas`` closure, never as a
-literal in a query plan. The executors run the numpy client
+The run key reaches the executors inside the ``mapInPandas`` closures, never as a
+literal in a query plan. Round 1's pass (``first_pass``) also sorts the records into
+their rounds: its output (persisted by the estimator) holds round 1's reports and the
+keyed points of rounds 2 and 3 with their round, the clients' own draw; the seeds are
+never stored, every pass derives them again from the run key and the record key. The executors run the numpy client
 (``client.randomize_batch``) and Spark aggregates the reports into exact integer
 counts per (sub, a, y) with a group-by; only these counts reach the driver.
 
@@ -133,6 +136,87 @@ def client_runner(params, run_key: str, fractions, round_no: int, columns: list[
             yield pd.DataFrame({"sub": sub.astype(np.int32), "a": a.astype(np.int64), "y": y.astype(np.int32)})
 
     return dp_ldp_clients
+
+
+ROUND = "__ldp_round"
+
+
+def first_pass_schema(points_df) -> str:
+    """The output of ``first_pass_runner``: the round, a round-1 report, the row's key and point."""
+    from pyspark.sql import types as T
+
+    fields = [f"{ROUND} INT", REPORT_SCHEMA]
+    for f in points_df.schema.fields:
+        fields.append(f"{f.name} {'STRING' if isinstance(f.dataType, T.StringType) else f.dataType.simpleString().upper()}")
+    return ", ".join(fields)
+
+
+def first_pass_runner(params, run_key: str, fractions, columns: list[str], key_columns: list[str]):
+    """The mapInPandas function of the first pass: every record draws its round; round-1 clients report.
+
+    Per input batch it yields (1) the reports of the batch's round-1 clients (``sub, a, y``, the
+    same reports as ``client_runner(params, .., 1, ..)``; key and point columns zero) and (2) the
+    rows of the clients of rounds 2 and 3 unchanged, with their round (``sub, a, y`` zero). The
+    round is a draw from the client's own randomness (never from its point), the same draw
+    ``client_runner`` makes in its own pass. The run key lives in this closure only.
+    """
+
+    def dp_ldp_first_round(batches):
+        import pandas as pd
+
+        for pdf in batches:
+            if len(pdf) == 0:
+                continue
+            seeds = client.client_seeds(run_key, client.frame_record_keys(pdf, KEY, DUP, columns))
+            rounds = client.choose_round_batch(seeds, fractions)
+            one = np.nonzero(rounds == 1)[0]
+            later = np.nonzero(rounds != 1)[0]
+            if len(one):
+                x = pdf[columns].to_numpy(dtype=np.float64)[one]
+                sub, a, y = client.randomize_batch(x, params, [seeds[i] for i in one])
+                out = {ROUND: np.ones(len(one), dtype=np.int32), "sub": sub.astype(np.int32),
+                       "a": a.astype(np.int64), "y": y.astype(np.int32)}
+                for c in key_columns:
+                    out[c] = np.full(len(one), "", dtype=object) if c == KEY else np.zeros(len(one), dtype=np.int64)
+                for c in columns:
+                    out[c] = np.zeros(len(one), dtype=np.float64)
+                yield pd.DataFrame(out)
+            if len(later):
+                rest = pdf.iloc[later]
+                out = {ROUND: rounds[later].astype(np.int32), "sub": np.zeros(len(later), dtype=np.int32),
+                       "a": np.zeros(len(later), dtype=np.int64), "y": np.zeros(len(later), dtype=np.int32)}
+                for c in [*key_columns, *columns]:
+                    out[c] = rest[c].to_numpy()
+                yield pd.DataFrame(out)
+
+    return dp_ldp_first_round
+
+
+def first_pass(points_df, params, run_key: str, fractions, dim: int):
+    """Round 1's pass, which also sorts every record into its round: a DataFrame to persist.
+
+    ``round_histogram(split, 1)`` is round 1's histogram; ``round_points(split, r)`` for r = 2, 3
+    are the keyed points of round r's clients, for ``simulate_round``, whose clients then all
+    answer (the same draw). One pass over all the records instead of three: the later rounds'
+    passes read only their own quarter of the users.
+    """
+    columns = tables.unit_columns(dim)
+    key_columns = [c for c in points_df.columns if c not in columns]
+    run = first_pass_runner(params, run_key, tuple(fractions), columns, key_columns)
+    return points_df.mapInPandas(run, first_pass_schema(points_df))
+
+
+def round_histogram(split_df, round_no: int) -> Histogram:
+    from pyspark.sql import functions as F
+
+    return _histogram(split_df.where(F.col(ROUND) == round_no).select("sub", "a", "y"))
+
+
+def round_points(split_df, round_no: int, dim: int):
+    from pyspark.sql import functions as F
+
+    keep = [c for c in split_df.columns if c not in (ROUND, "sub", "a", "y")]
+    return split_df.where(F.col(ROUND) == round_no).select(*keep)
 
 
 def _histogram(reports_df) -> Histogram:
