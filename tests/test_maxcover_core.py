@@ -485,3 +485,74 @@ def test_core_does_not_import_pyspark():
         capture_output=True, text=True, check=True,
     )
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dim", [2, 10])
+def test_signature_aggregator_keys_are_the_packed_rule_whatever_the_box_keeps(dim):
+    """The executors' signature keys are ``packbits`` of the rule's (point, candidate) indicator, both when a
+    chunk's bounding box keeps every candidate (packed directly) and when it keeps some (scattered first)."""
+    import pandas as pd
+
+    from dpspark.maxcover.kernels import _pack_rows, signature_aggregator
+
+    rng = np.random.default_rng(dim)
+    x = np.clip(rng.normal(0.0, 0.3, size=(3000, dim)), -1, 1)
+    cand = np.clip(rng.normal(0.0, 0.3, size=(45, dim)), -1, 1)
+    columns = [f"_u{j}" for j in range(dim)]
+    for t in (0.05 * dim, 0.3 * dim, 8.0 * dim):  # few, many and all candidates kept by the boxes
+        within = cost_matrix(x, cand, 2) <= t
+        want = {}
+        for row in np.packbits(within, axis=1):
+            want[row.tobytes()] = want.get(row.tobytes(), 0) + 1
+        fn = signature_aggregator(cand, np.zeros((0, dim)), np.zeros(0), t, 2, columns)
+        got = {}
+        for pdf in fn(iter([pd.DataFrame(x[a : a + 1000], columns=columns) for a in range(0, 3000, 1000)])):
+            for key, n in zip(pdf["sig"], pdf["n"]):
+                got[bytes(key)] = got.get(bytes(key), 0) + int(n)
+        assert got == want
+    w = rng.random((9, 45)) < 0.3
+    for keep in (np.arange(45), np.sort(rng.choice(45, 20, replace=False))):
+        full = np.zeros((9, 45), dtype=bool)
+        full[:, keep] = w[:, : keep.size]
+        assert np.array_equal(_pack_rows(w[:, : keep.size], keep, 45), np.packbits(full, axis=1))
+
+
+def test_cell_keys_pack_into_int64_exactly_and_give_the_same_cells(monkeypatch):
+    """The cell pass's int64 keys (issue 15): every coordinate a point in [-1, 1]^d can get packs and unpacks
+    exactly, d = 50 at side 1/16 keeps the byte keys, and the aggregator's rows are those of the byte keys."""
+    import pandas as pd
+
+    from dpspark.maxcover import kernels
+    from dpspark.maxcover.candidates import scale_sides
+
+    rng = np.random.default_rng(3)
+    dim = 10
+    sides = scale_sides(5)
+    shifts = [rng.uniform(0.0, s, size=dim) for s in sides]
+    shifts[-1][:2] = [0.0, np.nextafter(sides[-1], 0.0)]  # the extremes of a shift
+    for side, shift in zip(sides, shifts):
+        layout = kernels._cell_key_layout(side, shift)
+        assert layout is not None and layout[0] * dim <= 62
+        x = np.vstack([np.full((1, dim), -1.0), np.full((1, dim), 1.0), rng.uniform(-1, 1, size=(500, dim)),
+                       np.nextafter(np.ones((1, dim)), 0.0)])
+        g = kernels.cell_indices(x, side, shift)
+        assert np.array_equal(kernels._unpack_cells(kernels._pack_cells(g, layout), layout, dim), g)
+        with pytest.raises(AssertionError):
+            kernels._pack_cells(g + (1 << layout[0]), layout)
+    assert kernels._cell_key_layout(sides[-1], np.zeros(50)) is None
+    assert kernels._cell_key_layout(0.5, np.array([np.nan, 0.0])) is None
+
+    x = np.clip(rng.normal(0.0, 0.4, size=(4000, dim)), -1, 1)
+    x[:50] = x[50:100]  # repeated points: cells of several points at every scale
+    columns = [f"_u{j}" for j in range(dim)]
+
+    def rows():
+        fn = kernels.cell_aggregator(sides, shifts, columns, 1 << 16)
+        pdf = pd.concat(list(fn(iter([pd.DataFrame(x[a : a + 700], columns=columns) for a in range(0, 4000, 700)]))))
+        return sorted(map(tuple, pdf.to_numpy(dtype=np.int64).tolist()))
+
+    packed = rows()
+    monkeypatch.setattr(kernels, "_CELL_MERGE_ROWS", 1000)  # compactions mid-partition: still the same rows
+    assert rows() == packed
+    monkeypatch.setattr(kernels, "_cell_key_layout", lambda side, shift: None)
+    assert rows() == packed and len(packed) > 0 and max(r[1 + dim] for r in packed) > 1
