@@ -148,9 +148,11 @@ def _spark_unit(spark, domains, rows):
 
 
 def test_spark_and_numpy_maps_agree_bit_for_bit_on_extreme_values(spark):
-    rows = EXTREME_ROWS + BOX_ROWS
+    rows = EXTREME_ROWS + BOX_ROWS + [[-0.0, -0.0], [MAX, 0.5], [-MAX, -0.5]]
     x = np.array(rows)
-    domains = [Domain(2, radius=r) for r in BALLS] + [BOX]
+    # the last box: hi - lo overflows, so 2 (x - lo) / (hi - lo) is NaN at x = +-MAX (the clamp's 0)
+    domains = [Domain(2, radius=r) for r in BALLS] + [BOX, Domain(2, lower=(0.0, -1.0), upper=(1.0, 0.0)),
+                                                      Domain(2, lower=(-MAX, -1.0), upper=(MAX, 1.0))]
     for domain, got in zip(domains, _spark_unit(spark, domains, rows)):
         want = domain.clip_to_unit(x)
         assert np.isfinite(got).all() and np.abs(got).max() <= 1.0, domain
