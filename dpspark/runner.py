@@ -41,6 +41,7 @@ import os
 import secrets
 import tempfile
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -347,10 +348,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         if killed:
             reset_py4j_connection(spark)
             _cancel_jobs(spark)  # the running row's write too, if it is still under way
-        try:  # the thread's row lands (or fails) before this attempt's end is written over it
-            _settle(running_row, timings, quiet=True)
-        except Exception:
-            pass
+        _settle(running_row, timings, quiet=True)  # the thread's row lands (or fails) before the end is written over it
         if wrote_outputs:
             _cleanup(spark, paths, run_id)
         record.update(status="killed" if killed else "failed", ended_at=_now(), error=_error_text(exc, record["fit_started"]))
@@ -378,7 +376,7 @@ class _Recorded(Exception):
 def _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee, input_key=None) -> None:
     """The attempt's end in runs/ and in the ledger. The ledger's event is written even when the runs/
     row fails (runs/ is operational; the ledger's ``failed`` is what lets a retry reuse a charge that
-    covered nothing); the first error is raised after both were tried."""
+    covered nothing); a runs/ error is raised after the ledger's event was written."""
     try:
         tables.write_run_record(spark, paths["runs"], record)
     finally:
@@ -393,8 +391,6 @@ WAIT_RUNNING_ROW_STEP = "wait for the runs table (running)"
 def _write_running_row(spark, runs_path: str, record: dict, timings: dict) -> None:
     """The attempt's ``running`` row (in a thread: see ``run``). Timed into ``timings`` under its own
     name, and logged in one line that is not a step line: it overlaps the steps of the main thread."""
-    import time
-
     start = time.perf_counter()
     tables.write_run_record(spark, runs_path, record)
     seconds = time.perf_counter() - start
