@@ -66,6 +66,9 @@ re-measured (n, d) cells).
     DPSPARK_DRIVER_MEMORY=12g .venv/bin/python scripts/bench_scale.py --whole --n 1e7 --d 2 --append --job-timeout 3600
     DPSPARK_DRIVER_MEMORY=12g .venv/bin/python scripts/bench_scale.py --whole --n 1e7 --d 10 --append --job-timeout 5400
     DPSPARK_DRIVER_MEMORY=12g .venv/bin/python scripts/bench_scale.py --whole --n 1e7 --d 50 --append --job-timeout 7200
+    # a cell in two sessions: the second adds its families (each next to its own MLlib run) to the cell
+    DPSPARK_DRIVER_MEMORY=12g .venv/bin/python scripts/bench_scale.py --whole --n 1e7 --d 50 --jobs maxcover mllib \
+        --append --add-to-cells --job-timeout 3600
 """
 
 from __future__ import annotations
@@ -641,10 +644,23 @@ def _merge(previous: list[dict], new: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r["d"], r["n"], _job_order(r["job"])))
 
 
-def _merge_whole(previous: list[dict], new: list[dict]) -> list[dict]:
-    """Whole mode: a re-measured (n, d) cell replaces every earlier row of that cell (ratios pair within a cell)."""
-    cells = {(r["n"], r["d"]) for r in new}
-    rows = [r for r in previous if (r["n"], r["d"]) not in cells] + list(new)
+def _merge_whole(previous: list[dict], new: list[dict], add: bool = False) -> list[dict]:
+    """Whole mode: a re-measured (n, d) cell replaces every earlier row of that cell (ratios pair within a cell).
+
+    ``add`` (``--add-to-cells``): the earlier rows stay and the new ones follow them in run order (their
+    ``seq`` continues the cell's); each new family row keeps its ratio to the MLlib runs of its own
+    session, paired before the merge.
+    """
+    if add:
+        last = {}
+        for r in previous:
+            key = (r["n"], r["d"])
+            last[key] = max(last.get(key, -1), int(r.get("seq") or 0))
+        new = [dict(r, seq=last.get((r["n"], r["d"]), -1) + 1 + int(r.get("seq") or 0)) for r in new]
+        rows = list(previous) + new
+    else:
+        cells = {(r["n"], r["d"]) for r in new}
+        rows = [r for r in previous if (r["n"], r["d"]) not in cells] + list(new)
     return sorted(rows, key=lambda r: (r["d"], r["n"], int(r.get("seq") or 0)))
 
 
@@ -917,12 +933,17 @@ def main(argv=None) -> int:
     ap.add_argument("--append", action="store_true",
                     help="merge with the table already in --out (fit mode: rows of the same n, d, job are replaced; "
                          "--whole: the re-measured (n, d) cells)")
+    ap.add_argument("--add-to-cells", action="store_true",
+                    help="--whole with --append: keep the cells' earlier rows and add the new ones after them "
+                         "(a family measured in a later session, next to its own MLlib runs)")
     ap.add_argument("--job-timeout", type=float, default=None,
                     help="fit mode: cancel a job's Spark jobs after this many seconds; --whole: stop the process "
                          "(SIGTERM, SIGKILL 60 s later); the row records the timeout")
     args = ap.parse_args(argv)
     args.command = "python scripts/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
     mode = "whole" if args.whole else "fit"
+    if args.add_to_cells and not (args.whole and args.append):
+        ap.error("--add-to-cells needs --whole and --append")
     if args.mllib_tol is None:
         args.mllib_tol = MLLIB_TOL[mode]
     if args.quick:
@@ -1071,7 +1092,7 @@ def whole_main(args) -> int:
                               f"({r['wall_whole_s']:.1f} s vs {r['mllib_whole_s']:.1f} s)", flush=True)
                 results.extend(cell)
                 shutil.rmtree(path, ignore_errors=True)
-                write_whole_outputs(_merge_whole(previous, results), args, args.out, time.perf_counter() - t_start)
+                write_whole_outputs(_merge_whole(previous, results, args.add_to_cells), args, args.out, time.perf_counter() - t_start)
     finally:
         spark.stop()
         if args.keep_outputs:
@@ -1079,7 +1100,7 @@ def whole_main(args) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.perf_counter() - t_start
-    write_whole_outputs(_merge_whole(previous, results), args, args.out, elapsed)
+    write_whole_outputs(_merge_whole(previous, results, args.add_to_cells), args, args.out, elapsed)
     print(f"bench_scale: wrote {args.out}/whole.md and whole.csv in {elapsed:.0f} s")
     return 0 if all(not r["error"] for r in results) else 1
 

@@ -135,6 +135,20 @@ def test_merge_whole_replaces_cells():
     assert [(r["d"], r["job"]) for r in merged] == [(2, "maxcover"), (50, "auto")]
 
 
+def test_merge_whole_adds_to_cells():
+    old = [{"n": 10, "d": 2, "job": "auto", "seq": 0}, {"n": 10, "d": 2, "job": "mllib", "seq": 1},
+           {"n": 10, "d": 50, "job": "auto", "seq": 0}]
+    new = [{"n": 10, "d": 2, "job": "maxcover", "seq": 0}, {"n": 10, "d": 2, "job": "mllib", "seq": 1},
+           {"n": 20, "d": 2, "job": "maxcover", "seq": 0}]
+    merged = bs._merge_whole(old, new, add=True)
+    assert [(r["n"], r["d"], r["job"], r["seq"]) for r in merged] == [
+        (10, 2, "auto", 0), (10, 2, "mllib", 1), (10, 2, "maxcover", 2), (10, 2, "mllib", 3),
+        (20, 2, "maxcover", 0), (10, 50, "auto", 0)]
+    assert new[0]["seq"] == 0  # the caller's rows are not changed
+    with pytest.raises(SystemExit):
+        bs.main(["--whole", "--add-to-cells", "--out", "/nonexistent"])
+
+
 def test_slope():
     assert math.isclose(bs.fit_slope([1e6, 1e7], [10.0, 100.0]), 1.0)
     assert math.isnan(bs.fit_slope([1e6, 1e6], [10.0, 12.0]))
