@@ -355,6 +355,10 @@ def validate(raw: dict) -> Config:
             datetime.fromisoformat(input_cfg.timestamp.replace("Z", "+00:00"))
         except ValueError:
             raise ConfigError("input.timestamp", f"{input_cfg.timestamp!r} is not a timestamp (ISO 8601, e.g. '2026-11-30 12:00:00')") from None
+    if input_cfg.where is not None:
+        from dpspark import rowfilter
+
+        rowfilter.parse(input_cfg.where)  # the grammar, without Spark: every construct total (dpspark/rowfilter.py)
     if input_cfg.privacy_unit in input_cfg.features:
         raise ConfigError("input.privacy_unit", f"{input_cfg.privacy_unit!r} is also a feature column")
 
@@ -392,6 +396,15 @@ def validate(raw: dict) -> Config:
     validator: Callable = importlib.import_module(FAMILIES[name]).validate_params
     params = validator(Section("algorithm", family_raw, tuple(family_raw)), objective=objective, k=k, dim=domain_cfg.dim, privacy=privacy_cfg)
     algorithm_cfg = AlgorithmConfig(name=name, objective=objective, k=k, params=params)
+    if name == "ldp" and input_cfg.where is not None:
+        # The local protocol treats the number of reports as public (each user's report is
+        # epsilon-LDP; the server's estimates use the exact count). A filter makes that count a
+        # statistic of record values (a filter keeping 0 or 1 users is visible in the output at
+        # any epsilon), so ldp reads whole tables only.
+        raise ConfigError("input.where", "is not allowed with algorithm.name=ldp: the local protocol uses the exact "
+                                         "number of reports, which a row filter would make depend on record values; "
+                                         "write the selected rows to a table of their own with its own budget, or use "
+                                         "a central family (auto, maxcover, dplloyd)")
 
     out = Section("output", raw["output"], ("path", "report"))
     output_cfg = OutputConfig(path=out.string("path", required=True), report=out.boolean("report", True))
@@ -419,6 +432,10 @@ def validate(raw: dict) -> Config:
             raise ConfigError(f"spark.conf.{name}", "loads code into the driver or executors (which hold the private data "
                                                    "and the ledger), so a job config may not set it; pass it to "
                                                    "spark-submit in the deployment instead")
+        if any(str(name).startswith(p) for p in _SPARK_SEMANTICS_KEYS):
+            raise ConfigError(f"spark.conf.{name}", "changes how Spark evaluates expressions or fails a job on the size "
+                                                   "of a collected result: after the charge, success or failure could "
+                                                   "then depend on a record; the deployment may set it, a job config may not")
     spark_cfg = SparkConfig(
         master=sp.string("master"),
         app_name=sp.string("app_name", "dpspark"),
@@ -443,6 +460,12 @@ _SPARK_CODE_KEYS = ("spark.jars", "spark.driver.extraJavaOptions", "spark.execut
                     "spark.files", "spark.archives", "spark.sql.catalog.", "spark.pyspark.python",
                     "spark.pyspark.driver.python", "spark.executorEnv.", "spark.yarn.dist.", "spark.kubernetes.",
                     "spark.sql.ansi.enabled")
+
+# Settings that change what an expression does on a value (legacy parsers and casts, ANSI mode) or
+# that fail a job on the size of an aggregate the driver collects (whose size depends on the data):
+# either could make an attempt fail after its charge because of one record.
+_SPARK_SEMANTICS_KEYS = ("spark.sql.legacy.", "spark.sql.ansi.", "spark.driver.maxResultSize",
+                         "spark.sql.storeAssignmentPolicy", "spark.sql.timestampType")
 
 LEDGER_ENV = "DPSPARK_LEDGER"
 

@@ -254,65 +254,12 @@ def load_input(spark, input_cfg, version: int | None = None) -> InputTable:
     return InputTable(df=df, path=table.path, ledger_key=table.ledger_key, version=table.version, where=input_cfg.where)
 
 
-# ``input.where`` is a row filter, not a program: only these expression kinds (as Spark's parser
-# names them) and functions may appear. No subquery (it could read another table, or the input
-# itself, and make the filter depend on one person), no raise_error / assert_true (a failure
-# that depends on a record), no UDF, no reflection.
-_WHERE_NODES = {
-    "UnresolvedAttribute", "Literal", "EqualTo", "EqualNullSafe", "Not", "And", "Or", "LessThan",
-    "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual", "In", "IsNull", "IsNotNull", "Like", "ILike",
-    "Add", "Subtract", "Multiply", "Divide", "UnaryMinus", "Cast", "UnresolvedFunction",
-}
-_WHERE_FUNCTIONS = {
-    "between", "to_date", "to_timestamp", "date", "timestamp", "year", "month", "day", "dayofmonth", "hour",
-    "lower", "upper", "trim", "substring", "substr", "coalesce", "abs", "isnan", "isnull", "isnotnull",
-    "date_add", "date_sub", "current_date", "startswith", "endswith", "contains",
-}
-
-
-def _check_where(spark, text: str) -> None:
-    from dpspark.errors import ConfigError
-
-    try:
-        expr = spark._jsparkSession.sessionState().sqlParser().parseExpression(text)
-    except Exception as exc:
-        raise ConfigError("input.where", f"{text!r} is not a SQL predicate: {str(exc).splitlines()[0]}") from None
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        kind = node.getClass().getSimpleName()
-        if kind not in _WHERE_NODES:
-            raise ConfigError("input.where", f"{text!r}: {kind} is not allowed in a row filter (column comparisons, "
-                                             "IN, IS NULL, LIKE, arithmetic, casts and simple date/string functions only)")
-        if kind == "UnresolvedFunction":
-            name = str(node.nameParts().mkString(".")).lower()
-            if name not in _WHERE_FUNCTIONS:
-                raise ConfigError("input.where", f"{text!r}: the function {name!r} is not allowed in a row filter; "
-                                                 f"allowed: {sorted(_WHERE_FUNCTIONS)}")
-        children = node.children().iterator()
-        while children.hasNext():
-            stack.append(children.next())
-
-
 def _filtered(spark, df, text: str):
-    """``df.where(text)`` for ``input.where``, checked before any charge: allowed expressions only
-    (``_check_where``), and analysed with ANSI mode off so that a cell that does not parse as the
-    compared type makes the comparison null (the row is dropped) instead of failing the run with
-    an error that quotes the cell."""
-    from dpspark.errors import ConfigError
+    """``df.where(...)`` for ``input.where``: parsed into a grammar that cannot fail on any row, built
+    as a Column and checked on its analysed plan, before any charge (``dpspark.rowfilter``)."""
+    from dpspark import rowfilter
 
-    _check_where(spark, text)
-    saved = spark.conf.get("spark.sql.ansi.enabled", None)
-    spark.conf.set("spark.sql.ansi.enabled", "false")
-    try:
-        return df.where(text)
-    except Exception as exc:
-        raise ConfigError("input.where", f"{text!r} is not a valid predicate on this table: {str(exc).splitlines()[0]}") from None
-    finally:
-        if saved is None:
-            spark.conf.unset("spark.sql.ansi.enabled")
-        else:
-            spark.conf.set("spark.sql.ansi.enabled", saved)
+    return rowfilter.apply(spark, df, text)
 
 
 def _catalog_location(spark, name: str) -> str:
