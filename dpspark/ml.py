@@ -380,23 +380,16 @@ def _check_executors(spark) -> None:
 
 
 def _check_reads_only(dataset, ledger_input: str) -> None:
-    """The DataFrame must read no file outside ``ledgerInput``: the charge goes to that table's budget."""
-    from dpspark import tables
+    """The DataFrame must be a scan of ``ledgerInput`` alone, then transformations (``dpspark.lineage``
+    walks its analysed plan): the charge goes to that table's budget. Rows from the driver
+    (createDataFrame, toPandas), an RDD (checkpoint, localCheckpoint), spark.range, another table or a
+    subquery are refused before the charge; so is a Spark Connect DataFrame, whose plan cannot be checked."""
+    from dpspark import lineage
 
-    spark = dataset.sparkSession
-    root = tables.canonical_path(spark, tables.qualify(ledger_input))
     try:
-        files = dataset.inputFiles()
-    except Exception:  # Spark Connect or a plan without file sources
-        files = []
-    outside = []
-    for f in files:
-        c = tables.canonical_path(spark, f)
-        if not (c == root or c.startswith(root.rstrip("/") + "/")):
-            outside.append(f)
-    if outside:
-        raise ParamError("ledgerInput", f"the DataFrame reads {outside[0]!r}, outside {ledger_input!r}: a fit is "
-                                        "charged to ledgerInput's budget only, so it must read that table alone")
+        lineage.check_reads_only(dataset, ledger_input)
+    except lineage.LineageError as exc:
+        raise ParamError("ledgerInput", str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------

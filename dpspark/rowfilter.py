@@ -494,7 +494,7 @@ ALLOWED_NODES = {
     "GreaterThan", "GreaterThanOrEqual", "And", "Or", "Not", "In", "InSet", "IsNull", "IsNotNull",
     "IsNaN", "Coalesce", "Lower", "Upper", "StringTrim", "StringTrimLeft", "StringTrimRight",
     "StartsWith", "EndsWith", "Contains", "Year", "Month", "DayOfMonth", "Hour", "ParseToDate",
-    "Between", "Alias",
+    "Between", "Alias", "AtLeastNNonNulls", "SortOrder",
 }
 # Catalyst type names allowed for any node's value and for a Cast's source and target.
 ATOMIC_TYPES = re.compile(r"^(boolean|tinyint|smallint|int|bigint|float|double|decimal\(\d+,\d+\)|string|"
@@ -512,23 +512,59 @@ def check_analysed(df, text: str) -> None:
         return
     if plan.getClass().getSimpleName() != "Filter":
         raise _error(text, f"the analysed plan is a {plan.getClass().getSimpleName()}, not a row filter")
-    stack = [plan.condition()]
+    problem = total_expression_problem(plan.condition())
+    if problem is not None:
+        raise _error(text, problem)
+
+
+_INTEGRAL_WIDTH = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
+
+
+def _never_fails(source: str, target: str) -> bool:
+    """An ANSI cast that cannot raise whatever the value: to a string, an integral type to a floating
+    one or to a wider integral one, float to double, a date to a timestamp, a type to itself."""
+    if source == target or target == "string" or source == "void":
+        return True
+    if target == "double" and (source in _INTEGRAL_WIDTH or source == "float"):
+        return True
+    if target == "float" and source in _INTEGRAL_WIDTH:
+        return True
+    if source in _INTEGRAL_WIDTH and target in _INTEGRAL_WIDTH:
+        return _INTEGRAL_WIDTH[target] >= _INTEGRAL_WIDTH[source]
+    return source == "date" and target in ("timestamp", "timestamp_ntz")
+
+
+def total_expression_problem(expr, allowed_udfs=()) -> str | None:
+    """Why the analysed Catalyst expression ``expr`` (a py4j object) could raise on some row value,
+    or None when every node is total: a class of ``ALLOWED_NODES`` with an atomic type, an
+    attribute (passed through, never evaluated), or a non-ANSI Cast between atomic types.
+    ``allowed_udfs``: ScalaUDF nodes (by identity) the caller has proven total, e.g. a
+    VectorAssembler whose inputs are filtered for nulls and NaN."""
+    stack = [expr]
     while stack:
         node = stack.pop()
         kind = node.getClass().getSimpleName()
+        if kind == "AttributeReference":
+            continue
+        if kind == "Alias":  # a name for its child, whatever the child's type; the child is checked
+            stack.append(node.child())
+            continue
+        if kind == "ScalaUDF" and any(node.equals(u) for u in allowed_udfs):
+            continue  # its children (a struct of attributes) are what the caller checked
         type_name = str(node.dataType().simpleString()) if node.resolved() else "?"
         if not ATOMIC_TYPES.match(type_name):
-            raise _error(text, f"a value of type {type_name} ({kind}) cannot be used in a row filter")
+            return f"a value of type {type_name} ({kind}) is computed"
         if kind == "Cast":
             source = str(node.child().dataType().simpleString())
             mode = str(node.evalMode().toString())
-            if mode == "ANSI" or not ATOMIC_TYPES.match(source):
-                raise _error(text, f"the implicit cast from {source} to {type_name} ({mode}) could fail on a row")
+            if (mode == "ANSI" and not _never_fails(source, type_name)) or not ATOMIC_TYPES.match(source):
+                return f"the implicit cast from {source} to {type_name} ({mode}) could fail on a row"
         elif kind not in ALLOWED_NODES:
-            raise _error(text, f"{kind} is not allowed in a row filter")
+            return f"{kind} is not allowed (only expressions that cannot raise on a value are)"
         children = node.children().iterator()
         while children.hasNext():
             stack.append(children.next())
+    return None
 
 
 def apply(spark, df, text: str):

@@ -80,7 +80,8 @@ def fitted(spark, tmp_path_factory):
             default = DPClustering(k=3, epsilon=1.0, delta=1e-6, lower=LOWER, upper=UPPER, seed=7, unsafeFixedSeed=True,
                                    ledgerPath=ledger_path, ledgerInput=table)
             assert not default.isSet(default.algorithm)
-            pipeline = Pipeline(stages=[VectorAssembler(inputCols=["x", "y"], outputCol="features"), default])
+            assembler = VectorAssembler(inputCols=["x", "y"], outputCol="features", handleInvalid="skip")
+            pipeline = Pipeline(stages=[assembler, default])
             model = pipeline.fit(df)
         after = spark.conf.get(key_conf)
     finally:
