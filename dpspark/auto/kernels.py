@@ -13,6 +13,8 @@ is at most 2**40 and a dot product at most d * 2**40 < 2**63 for d < 2**23.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dpspark.maxcover.kernels import nearest_center  # numpy only
@@ -88,23 +90,54 @@ def tree_aggregator(w: np.ndarray, b: np.ndarray, columns: list[str]):
 
 # ----------------------------------------------------------------------------
 # Exact clustering costs of several candidate solutions (the private selection pass)
+#
+# A solution's cost is a sum over ALL the points, each term up to cap * 2**COST_BITS (about
+# 2**24.6 at d = 50): an int64 total would wrap after about 3.6e11 rows there, and numpy (and
+# Spark's non-ANSI sum) wrap silently, which would feed the exponential mechanism wrong scores.
+# So the totals are never held in an int64: every term is below MAX_TERM = 2**53, terms are
+# added in int64 only in chunks of at most 2**10 of them (< 2**63: exact), the chunk sums are
+# added as Python integers (unbounded), and a partition's totals leave the executor as decimal
+# TEXT (Spark never adds them); the driver adds them as Python integers. Nothing bounds n.
 
 COST_BITS = 20  # per-point costs in fixed point: round(cost * 2**20), at most cap * 2**20
+MAX_TERM = 1 << 53  # a term (an integer-valued float64) is exact below this; 2**10 of them fit in an int64
+TERM_CHUNK = 1 << 10  # terms added in int64 at a time: TERM_CHUNK * MAX_TERM = 2**63, never reached
+
+
+def term_limit(cap: float) -> int:
+    """floor(cap * 2**COST_BITS): the largest fixed-point term, <= the sensitivity the mechanism is given."""
+    cap = float(cap)
+    limit = math.floor(cap * (1 << COST_BITS)) if math.isfinite(cap) else -1
+    if not (0 < limit < MAX_TERM):
+        raise ValueError(f"cap={cap!r} should be a finite number with 0 < floor(cap * 2**{COST_BITS}) < 2**53")
+    return limit
+
+
+def exact_sum(terms: np.ndarray) -> int:
+    """The exact sum (a Python int) of int64 terms in [0, MAX_TERM): int64 sums of TERM_CHUNK terms, then Python."""
+    terms = np.asarray(terms, dtype=np.int64).ravel()
+    if terms.size <= TERM_CHUNK:
+        return int(terms.sum())
+    pad = (-terms.size) % TERM_CHUNK
+    chunks = np.concatenate([terms, np.zeros(pad, dtype=np.int64)]).reshape(-1, TERM_CHUNK).sum(axis=1)
+    return sum(int(c) for c in chunks)
 
 
 def solution_costs(fixed_points: np.ndarray, solutions: np.ndarray, power: int, cap: float) -> np.ndarray:
-    """(M,) int64: sum over the points of min(min_c ||x - c||^power, cap), each term in fixed point.
+    """(M,) exact costs as Python ints (an object array): sum over the points of min(min_c ||x - c||^power, cap),
+    each term in fixed point.
 
     ``solutions`` is (M, k, d) in unit space. A point's distance to a solution is the per-entry
     distance rule of ``maxcover.kernels`` (explicit differences squared and summed in order) to
     its nearest center by that rule (``nearest_center``), so a point's term depends only on that
-    point and the public solutions; the cap bounds it whatever the point holds.
+    point and the public solutions; the cap bounds it whatever the point holds. The sums cannot
+    wrap (``exact_sum``): whatever the number of points, the result is the exact integer.
     """
     sols = np.asarray(solutions, dtype=np.float64)
     m, k, dim = sols.shape
     x = fixed_points.astype(np.float64) / SCALE
-    out = np.zeros(m, dtype=np.int64)
-    limit = float(np.floor(float(cap) * (1 << COST_BITS)))  # an integer <= the sensitivity cap * 2**COST_BITS
+    limit = float(term_limit(cap))  # an integer < 2**53, exact as a float
+    out = np.empty(m, dtype=object)
     for i in range(m):
         nearest = sols[i][nearest_center(x, sols[i])]
         d2 = np.zeros(x.shape[0], dtype=np.float64)
@@ -112,22 +145,23 @@ def solution_costs(fixed_points: np.ndarray, solutions: np.ndarray, power: int, 
             diff = x[:, j] - nearest[:, j]
             d2 += diff * diff
         term = d2 if power == 2 else np.sqrt(d2)
-        out[i] += int(np.minimum(np.rint(term * (1 << COST_BITS)), limit).astype(np.int64).sum())
+        out[i] = exact_sum(np.minimum(np.rint(term * (1 << COST_BITS)), limit).astype(np.int64))
     return out
 
 
 def cost_aggregator(solutions: np.ndarray, power: int, cap: float, columns: list[str]):
-    """The ``mapInPandas`` function of the selection pass: per-partition exact costs of every solution."""
+    """The ``mapInPandas`` function of the selection pass: per-partition exact costs of every solution,
+    as decimal text (schema ``solution INT, cost STRING``): a Python int of any size, never an int64."""
     sols = np.asarray(solutions, dtype=np.float64)
 
     def aggregate(batches):
         import pandas as pd
 
-        total = np.zeros(sols.shape[0], dtype=np.int64)
+        total = [0] * sols.shape[0]  # Python ints: unbounded
         for pdf in batches:
             if len(pdf):
-                total += solution_costs(quantize(pdf[columns].to_numpy(dtype=np.float64)), sols, power, cap)
-        yield pd.DataFrame({"solution": np.arange(sols.shape[0], dtype=np.int32), "cost": total})
+                part = solution_costs(quantize(pdf[columns].to_numpy(dtype=np.float64)), sols, power, cap)
+                total = [t + int(c) for t, c in zip(total, part)]
+        yield pd.DataFrame({"solution": np.arange(sols.shape[0], dtype=np.int32), "cost": [str(t) for t in total]})
 
     return aggregate
-

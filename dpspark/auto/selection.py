@@ -15,6 +15,23 @@ moves by at most cap and ALL in the same direction (adding a record never lowers
 so the exponential mechanism with sensitivity cap needs no factor 2 (monotone scores;
 McSherry and Talwar 2007, the "monotone" case): pure eps_select-DP. The solutions are
 computed from released values only (the coreset) and are public inputs of this step.
+
+Exact arithmetic whatever n (``kernels``): the costs are Python integers, never int64 sums
+that could wrap (at d = 50 an int64 total would wrap after about 3.6e11 rows and silently give
+the mechanism wrong scores). The mechanism's sampler takes int64 scores, so it is given
+
+    score_i = -min(cost_i - min_j cost_j, SCORE_GAP_LIMIT),  SCORE_GAP_LIMIT = 2**62 (public),
+
+which lies in [-2**62, 0]. Same guarantee, argued: for neighbours D' = D + x every cost moves
+up by t_i in [0, L] (L = the sensitivity in fixed point) and the smallest cost by some delta
+in [0, L], so every gap cost_i - min_j cost_j moves by t_i - delta, inside the ONE interval
+[-delta, L - delta] of width L; clamping at a public constant keeps each move between 0 and
+the unclamped move, so inside that interval too. That is all the monotone analysis uses: a
+probability is exp(-w g_i) / sum_j exp(-w g_j), its numerator moves by a factor in
+[exp(-w (L - delta)), exp(w delta)] and its denominator by the inverse range, so the ratio stays
+in [exp(-w L), exp(w L)] with w = eps_select / L: pure eps_select-DP, as before. Subtracting
+the smallest cost alone changes no probability (Gumbel-max is invariant to one shift of all
+scores), so while every gap is below 2**62 the choice is distributed exactly as on the raw costs.
 """
 
 from __future__ import annotations
@@ -51,17 +68,29 @@ def spark_costs(df, columns: list[str], timings: dict | None = None):
     """A ``costs(solutions, power, cap)`` callable backed by ONE Spark pass."""
 
     def costs(solutions, power, cap):
-        from pyspark.sql import functions as F
-
         sols = np.asarray(solutions, dtype=np.float64)
         with step(f"auto pass: exact cost of {sols.shape[0]} candidate solutions", timings):
-            pdf = (df.mapInPandas(cost_aggregator(sols, power, cap, columns), "solution INT, cost LONG")
-                   .groupBy("solution").agg(F.sum("cost").alias("cost")).toPandas())
-        out = np.zeros(sols.shape[0], dtype=np.int64)
-        out[pdf["solution"].to_numpy(dtype=np.int64)] = pdf["cost"].to_numpy(dtype=np.int64)
+            # One row per (partition, solution), its exact total as decimal text: the driver adds them
+            # as Python ints (a Spark sum of LONGs would wrap silently past 2**63).
+            pdf = df.mapInPandas(cost_aggregator(sols, power, cap, columns), "solution INT, cost STRING").toPandas()
+        out = np.zeros(sols.shape[0], dtype=object)  # (M,) exact Python ints
+        for i, cost in zip(pdf["solution"].to_numpy(dtype=np.int64), pdf["cost"]):
+            out[int(i)] += int(cost)
         return out
 
     return costs
+
+
+SCORE_GAP_LIMIT = 1 << 62  # public: a score is -min(cost - smallest cost, this), an int64 (module docstring)
+
+
+def selection_scores(exact_costs) -> np.ndarray:
+    """int64 scores of the mechanism from exact integer costs of any size (module docstring for why it is the same DP)."""
+    exact = list(exact_costs)
+    if not exact or not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in exact):
+        raise TypeError("exact costs must be a non-empty sequence of integers (fixed point)")
+    smallest = min(int(c) for c in exact)
+    return np.array([-min(int(c) - smallest, SCORE_GAP_LIMIT) for c in exact], dtype=np.int64)
 
 
 def select_solution(costs, solutions: np.ndarray, domain: Domain, power: int, eps_select: float,
@@ -70,4 +99,5 @@ def select_solution(costs, solutions: np.ndarray, domain: Domain, power: int, ep
     cap = cost_cap(domain, power)
     exact_costs = costs(solutions, power, cap)
     mech = ExponentialMechanism(eps_select, sensitivity=cap * (1 << COST_BITS), monotone=True)
-    return int(accountant.exponential(f"{label}: choice of the best of {len(solutions)} coreset solutions", -exact_costs, mech))
+    return int(accountant.exponential(f"{label}: choice of the best of {len(solutions)} coreset solutions",
+                                      selection_scores(exact_costs), mech))

@@ -15,7 +15,11 @@ Rows (one table; column ``kind`` tells them apart):
   runner), then ``succeeded``, ``failed`` or ``killed``; or ``refused`` (charged 0). A fixed-seed
   run's events carry ``note = 'NOT PRIVATE (fixed seed)'``;
 - ``claim``: at most one per charged attempt, inserted atomically (MERGE) by the one retry that
-  takes over that attempt's charge, so two concurrent retries can never both reuse it.
+  takes over that attempt's charge, so two concurrent retries can never both reuse it. Its id
+  names the input, the run id and the attempt (``_claim_id``): two inputs charged under one run id
+  are two charges, each with its own taker. (A claim written before the id named the input,
+  ``claim:{run_id}:{attempt}``, still blocks a second taker of ITS input: the MERGE also matches
+  that old id together with the row's ``input_path``.)
 
 Input keys are canonical (``dpspark.tables``): a Delta table is keyed by the id in its metadata,
 any other table by its canonical path, so every spelling of one table has one balance.
@@ -113,6 +117,13 @@ def _balance_id(input_key: str, guarantee: str = "central") -> str:
     # NUL cannot appear in a path or a table id, so no key's central id equals another key's local id.
     tag = input_key if guarantee == "central" else f"{input_key}\x00{guarantee}"
     return "balance:" + hashlib.sha256(tag.encode()).hexdigest()[:32]
+
+
+def _claim_id(input_key: str, run_id: str, charged_attempt: int) -> str:
+    """The id of the claim on (input, run id, charged attempt). The input key (any text) is hashed;
+    NUL separates the parts (it cannot appear in a key or a run id), so no two triples share an id."""
+    tag = f"{input_key}\x00{run_id}\x00{int(charged_attempt)}"
+    return f"claim:{run_id}:{int(charged_attempt)}:" + hashlib.sha256(tag.encode()).hexdigest()[:32]
 
 
 def _sql_double(value) -> str:
@@ -387,13 +398,22 @@ class Ledger:
 
     @_small_table
     def claim_charge(self, input_key: str, run_id: str, charged_attempt: int, attempt: int) -> bool:
-        """Atomically take over the charge of ``charged_attempt`` for ``attempt``: True for exactly one caller."""
+        """Atomically take over the charge of ``charged_attempt`` of ``run_id`` on ``input_key`` for ``attempt``:
+        True for exactly one caller. One MERGE (insert if absent): the claim's id names the input
+        (``_claim_id``), and a claim of the older form ``claim:{run_id}:{attempt}`` (no input in the id)
+        is matched too when its ``input_path`` is this input, so a charge taken over before the id
+        named the input cannot be taken over again."""
+        from pyspark.sql import functions as F
+
         source = self.spark.createDataFrame([self._row(
-            entry_id=f"claim:{run_id}:{int(charged_attempt)}", kind="claim", input_path=input_key, run_id=run_id,
+            entry_id=_claim_id(input_key, run_id, charged_attempt), kind="claim", input_path=input_key, run_id=run_id,
             epsilon=0.0, delta=0.0, status="claimed", updated_at=self._now(), attempt=int(attempt))], SCHEMA).alias("s")
+        legacy_id = f"claim:{run_id}:{int(charged_attempt)}"
+        taken = ((F.col("t.entry_id") == F.col("s.entry_id"))
+                 | ((F.col("t.entry_id") == F.lit(legacy_id)) & (F.col("t.input_path") == F.col("s.input_path"))))
         for attempt_no in range(MAX_ATTEMPTS):
             try:
-                metrics = (self._ensure_table(fresh=attempt_no > 0).alias("t").merge(source, "t.entry_id = s.entry_id")
+                metrics = (self._ensure_table(fresh=attempt_no > 0).alias("t").merge(source, taken)
                            .whenNotMatchedInsertAll().execute().collect()[0])
                 return int(metrics["num_inserted_rows"]) == 1
             except Exception as exc:
