@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from dpspark.errors import ConfigError
+from dpspark.checks import check_number  # noqa: F401 (re-exported: the config's number rule)
 
 FORMATS = ("delta", "parquet", "csv")
 OBJECTIVES = ("kmeans", "kmedian")
@@ -294,26 +295,6 @@ class Section:
         if len(set(v)) != len(v):
             raise ConfigError(self.key(k), f"lists a column twice: {list(v)}")
         return tuple(v)
-
-
-def check_number(key: str, v, *, low=None, high=None, low_open=False, high_open=False) -> float:
-    if isinstance(v, str):  # YAML 1.1 reads 1e-6 (no dot) as a string
-        try:
-            v = float(v)
-        except ValueError:
-            pass
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ConfigError(key, f"must be a number, got {v!r}")
-    v = float(v)
-    if math.isnan(v):
-        raise ConfigError(key, "must be a number, got NaN")
-    if low is not None and (v < low or (low_open and v == low)):
-        raise ConfigError(key, f"must be {'>' if low_open else '>='} {low:g}, got {v:g}")
-    if high is not None and (v > high or (high_open and v == high)):
-        raise ConfigError(key, f"must be {'<' if high_open else '<='} {high:g}, got {v:g}")
-    if math.isinf(v) and not (high is None and not high_open):
-        raise ConfigError(key, f"must be finite, got {v}")
-    return v
 
 
 # ----------------------------------------------------------------------------

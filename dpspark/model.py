@@ -42,7 +42,7 @@ class ClusteringModel:
         """Add ``prediction_col``: the index of the nearest released center (in unit space).
 
         NOT differentially private: the labels are computed from the rows of ``df``.
-        Distances by the families' per-entry rule (``maxcover.kernels.nearest_center``, ties to
+        Distances by the families' per-entry rule (``dpspark.kernels.nearest_center``, ties to
         the lowest index), so a row's label depends only on that row and the centers. A row the
         fit would drop (a null, NaN or +-inf feature) gets a null prediction.
         """
@@ -62,7 +62,7 @@ class ClusteringModel:
 
         @pandas_udf("int")
         def nearest(points: pd.DataFrame) -> pd.Series:
-            from dpspark.maxcover.kernels import nearest_center
+            from dpspark.kernels import nearest_center
             from dpspark.privacy.fixedpoint import sanitize_unit
 
             ok = points["valid"].fillna(False).to_numpy(dtype=bool)

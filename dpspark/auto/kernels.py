@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from dpspark.maxcover.kernels import nearest_center  # numpy only
+from dpspark.kernels import nearest_center  # numpy only
 from dpspark.privacy.fixedpoint import SCALE, quantize
 
 PLANE_BITS = 20  # hyperplane normals in fixed point (the same resolution as the points)

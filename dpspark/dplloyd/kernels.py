@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpspark.maxcover.kernels import nearest_center  # numpy only (maxcover/__init__ imports nothing eagerly)
+from dpspark.kernels import nearest_center  # numpy only
 from dpspark.privacy.fixedpoint import SCALE, sanitize_fixed
 
 

@@ -8,10 +8,10 @@ closure and shipped with the task. ``tests/test_cluster.py`` runs it on executor
 whose Python holds only numpy, pandas and pyarrow, and also checks the import rule
 without a cluster.
 
-The distance rule (``_sq_dists``) is shared with the driver-side numpy reference in
-``dpspark.maxcover.core``, so both agree bit for bit; ``nearest_center`` (the same rule)
-also labels dplloyd's points (``dpspark.dplloyd.kernels.assign``) and
-``ClusteringModel.transform``'s rows. Every batch read goes through ``sanitize_unit``.
+The distance rule (``_sq_dists``, in ``dpspark.kernels`` below every family) is shared with the
+driver-side numpy reference in ``dpspark.maxcover.core``, so both agree bit for bit;
+``nearest_center`` (the same rule) also labels dplloyd's points (``dpspark.dplloyd.kernels.assign``)
+and ``ClusteringModel.transform``'s rows. Every batch read goes through ``sanitize_unit``.
 """
 
 from __future__ import annotations
@@ -20,13 +20,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpspark.kernels import _SCREEN_MIN_DIM, _SCREEN_ROWS, _per_entry_nearest, _sq_dists, nearest_center  # noqa: F401 (shared rule)
 from dpspark.privacy.fixedpoint import SCALE, sanitize_unit
 
 # Upper bound on the number of float64 cells one chunk of a distance computation may use.
 _CHUNK_CELLS = 4_000_000
-
-# Distances per chunk of ``nearest_center`` (two float64 temporaries of 512 KiB: cache-sized).
-_NEAREST_CELLS = 1 << 16
 
 # Rows per pandas DataFrame a partition yields (keeps Arrow batches moderate).
 _YIELD_ROWS = 200_000
@@ -39,97 +37,6 @@ _YIELD_ROWS = 200_000
 def _chunk_rows(n_cols: int, dim: int) -> int:
     """Rows per chunk so that the two (rows x n_cols) float64 temporaries of ``_sq_dists`` stay bounded."""
     return max(1, _CHUNK_CELLS // max(1, 2 * n_cols))
-
-
-def _sq_dists(x: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """Squared Euclidean distances by explicit differences, summed over the dimensions in order.
-
-    Entry (i, v) is 0.0 + (x_i0 - c_v0)^2 + (x_i1 - c_v1)^2 + ... in float64, in that
-    order: no cancellation, and each entry is computed by the same float operations
-    whatever the chunk or the other rows and columns, so chunked and dense results,
-    and the Spark passes, agree bit for bit. The operations are monotone in every
-    |x_ij - c_vj|, which lets callers prune with bounding boxes exactly. Memory: two
-    (rows x columns) temporaries, never a (rows x columns x d) one.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    c = np.asarray(c, dtype=np.float64)
-    out = np.zeros((x.shape[0], c.shape[0]), dtype=np.float64)
-    diff = np.empty_like(out)
-    for j in range(x.shape[1]):
-        np.subtract(x[:, j, None], c[None, :, j], out=diff)
-        np.multiply(diff, diff, out=diff)
-        out += diff
-    return out
-
-
-def nearest_center(x: np.ndarray, centers: np.ndarray, chunk_rows: int | None = None) -> np.ndarray:
-    """Index (int64) of the nearest center of every row by ``_sq_dists``, ties to the lowest index.
-
-    A row's label depends only on that row and the centers: it is the argmin of the per-entry
-    distances (no matrix product whose rounding could depend on the batch's shape or on
-    threading), so it is the same alone, in any batch, in any order. Fast path
-    (``_screened_nearest``): a BLAS product screens the centers, and only rows with more than
-    one center within the product's rounding bound of their minimum get the per-entry
-    distances; the labels are the same bit for bit. Chunked: by default about
-    ``_NEAREST_CELLS`` distances at a time; the labels do not depend on it.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    centers = np.asarray(centers, dtype=np.float64)
-    if chunk_rows is None and centers.shape[0] > 1 and x.shape[1] >= _SCREEN_MIN_DIM:
-        return _screened_nearest(x, centers)
-    return _per_entry_nearest(x, centers, chunk_rows)
-
-
-def _per_entry_nearest(x: np.ndarray, centers: np.ndarray, chunk_rows: int | None = None) -> np.ndarray:
-    step = chunk_rows or max(1, _NEAREST_CELLS // max(1, centers.shape[0]))
-    out = np.empty(x.shape[0], dtype=np.int64)
-    for start in range(0, x.shape[0], step):
-        out[start : start + step] = np.argmin(_sq_dists(x[start : start + step], centers), axis=1)
-    return out
-
-
-# The screen pays off from a few dimensions on (at d = 2 the per-entry rule is as fast).
-_SCREEN_MIN_DIM = 4
-_SCREEN_ROWS = 1 << 14  # rows per BLAS block (a (rows x k) float64 temporary)
-
-
-def _screened_nearest(x: np.ndarray, centers: np.ndarray) -> np.ndarray:
-    """``_per_entry_nearest``'s labels, with a BLAS screen.
-
-    Let e_v be the per-entry distance of ``_sq_dists`` (the rule), a_v = |x|^2 - 2 x.c_v + |c_v|^2
-    from a matrix product, t_v the real distance. For any summation order (BLAS blocking,
-    threads, FMA), |a_v - t_v| <= g (|x| + |c_v|)^2 and |e_v - t_v| <= g (|x| + |c_v|)^2 with
-    g = gamma_{d+3} = (d+3)u / (1 - (d+3)u), u = 2^-53 (Higham, Accuracy and Stability of
-    Numerical Algorithms, 2nd ed., sec. 3.1). Then every center whose e_v is the minimum
-    (ties included) has a_v <= min_w a_w + 4 g (|x| + max |c|)^2. A row with only one center
-    inside that margin (the margin is doubled, and the norms rounded up) has it as its label;
-    every other row, and any row with a value that is not finite, is decided by the rule
-    itself. The product's rounding can only move a row from the first kind to the second.
-    """
-    k, dim = centers.shape
-    out = np.empty(x.shape[0], dtype=np.int64)
-    c_sq = np.einsum("ij,ij->i", centers, centers)
-    c_norm = float(np.sqrt(c_sq.max())) if np.all(np.isfinite(c_sq)) else np.inf
-    u = 2.0 ** -53
-    g = (dim + 3) * u / (1.0 - (dim + 3) * u)
-    factor = 8.0 * g * (1.0 + 1e-6)
-    for start in range(0, x.shape[0], _SCREEN_ROWS):
-        xs = x[start : start + _SCREEN_ROWS]
-        with np.errstate(all="ignore"):
-            x_sq = np.einsum("ij,ij->i", xs, xs)
-            approx = x_sq[:, None] - 2.0 * (xs @ centers.T) + c_sq[None, :]
-            best = approx.min(axis=1)
-            margin = factor * (np.sqrt(x_sq) + c_norm) ** 2
-            near = approx <= (best + margin)[:, None]
-        labels = np.argmax(near, axis=1)
-        # below 1e-100 an underflowed product could exceed the margin: the rule decides those rows
-        undecided = ((near.sum(axis=1) != 1) | ~np.isfinite(best) | ~np.isfinite(margin)
-                     | (np.sqrt(x_sq) + c_norm < 1e-100))
-        if undecided.any():
-            rows = np.flatnonzero(undecided)
-            labels[rows] = _per_entry_nearest(xs[rows], centers)
-        out[start : start + len(xs)] = labels
-    return out
 
 
 def _cost_from_sq(d2: np.ndarray, p: int) -> np.ndarray:

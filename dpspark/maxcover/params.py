@@ -137,7 +137,7 @@ def _split_from_config(section, private: bool) -> tuple[float, float, float]:
             values = list(raw)
         else:
             raise ConfigError(key, f"must be a mapping {{candidates, coverage, counts}} or a list of fractions, got {raw!r}")
-        from dpspark.config import check_number
+        from dpspark.checks import check_number
 
         names = ("candidates", "coverage", "counts") if private else ("coverage", "counts")
         fr = [check_number(f"{key}.{n}", v, low=0.0, high=1.0) for n, v in zip(names, values)]
