@@ -13,6 +13,12 @@ after recording the attempt as ``killed``.
 
 ``--json`` prints ONE line of JSON on stdout at the end, for schedulers: run_id, attempt, status,
 exit_code, epsilon_spent, delta_spent, input_version, outputs, error.
+
+What the analyst sees here (stderr, stdout, ``--json``, the exit code) is a function of released
+values and public inputs: a run with a ledger is ACCOUNTED (dpspark.progress: no step durations or
+other data-dependent values on stderr), and an error that is not dpspark's own, raised once the fit
+has started, is shown by its type only (``RunFailed``; the runner keeps the details for the
+operator log, ``$DPSPARK_OPERATOR_LOG``).
 """
 
 from __future__ import annotations
@@ -145,7 +151,9 @@ def main(argv: list[str] | None = None, spark=None) -> int:
     outcome = {"run_id": run_id, "attempt": None, "status": None, "exit_code": None, "epsilon_spent": 0.0,
                "delta_spent": 0.0, "input_version": None, "outputs": None, "error": None}
     before: dict = {}  # steps before the runner's, for the run record
-    with _signals_stop_the_run():
+    from dpspark.progress import accounted
+
+    with _signals_stop_the_run(), accounted(config.privacy.ledger is not None):
         try:
             if spark is None:
                 from dpspark.progress import step

@@ -3,6 +3,8 @@
 - ``ConfigError``: invalid config or arguments (exit 2), raised before Spark starts.
 - ``BudgetRefused``: the privacy ledger refuses the run (exit 3).
 - ``SchemaError`` and every other ``DPSparkError``: any other failure (exit 1).
+- ``RunFailed``: an error that is not dpspark's own, raised once a fit had started (exit 1): it
+  names the error's type only (see ``for_the_analyst``).
 """
 
 
@@ -41,6 +43,44 @@ class PrivacyAccountingError(DPSparkError):
     """
 
     exit_code = 1
+
+
+class RunFailed(DPSparkError):
+    """A run or fit failed, after its fit started, with an error that is not dpspark's own.
+
+    Such an error (a Spark cast error, a Python worker's traceback) may quote a private value, so
+    the analyst gets its TYPE and a fixed message only; the error itself, with its traceback, goes
+    to the operator log (``$DPSPARK_OPERATOR_LOG``, see dpspark.progress). ``error_type``: the
+    original exception's class name.
+    """
+
+    exit_code = 1
+
+    def __init__(self, error_type: str):
+        self.error_type = str(error_type)
+        super().__init__(f"the fit failed ({self.error_type}); details are in the operator log")
+
+
+def for_the_analyst(exc: BaseException, fit_started: bool) -> BaseException:
+    """The exception to hand to the analyst (the Python caller, the command line) for ``exc``.
+
+    Before the fit starts no private value has been read: ``exc`` as it is. After: dpspark's own
+    errors (``DPSparkError``, whose messages name keys and public values only) and the exceptions
+    that carry no text of the data (``RunKilled``, ``KeyboardInterrupt``, ...: not an
+    ``Exception``) are kept, with their chain (``__cause__``, ``__context__``) dropped, since a
+    chained error may quote a value; any other error becomes ``RunFailed(type)``. Format the
+    operator's traceback of ``exc`` BEFORE calling this (the chain is dropped here). Raise the result
+    OUTSIDE the ``except`` block that caught ``exc`` (``raise ... from None`` inside it would still
+    keep ``exc`` as ``__context__``).
+    """
+    if not fit_started:
+        return exc
+    if isinstance(exc, DPSparkError) or not isinstance(exc, Exception):
+        exc.__cause__ = None
+        exc.__context__ = None
+        exc.__suppress_context__ = True
+        return exc
+    return RunFailed(type(exc).__name__)
 
 
 class RunKilled(BaseException):

@@ -23,8 +23,13 @@ charge is recorded in the privacy ledger BEFORE the data is read, against the ta
 table), and refused (``BudgetRefused``) like ``dpspark run`` when the budget would be overspent.
 Without ``ledgerPath`` nothing records the spend: keep your own account. The fitted model holds only
 released values (noisy centers, noisy weights) and public parameters; ``save`` writes only those
-(one JSON metadata file, no data, no timings or pass counts). ``transform`` labels rows with their
-nearest released center: the labels are computed from the rows and are NOT differentially private.
+(one JSON metadata file, no data, no timings or pass counts). With a ledger the fit is ACCOUNTED
+(dpspark.progress): the dpspark log shows no data-dependent value. Timings, pass counts and the like
+go to the operator log only (``$DPSPARK_OPERATOR_LOG``: ``{dir}/{runId}/attempt-1.json``, see
+dpspark.runner). An error that is not dpspark's own, raised once the fit has started, reaches the
+caller as ``dpspark.errors.RunFailed`` naming its type only (it may quote a record), chaining
+nothing. ``transform`` labels rows with their nearest released center: the labels are computed from
+the rows and are NOT differentially private.
 """
 
 from __future__ import annotations
@@ -44,9 +49,10 @@ from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, Default
                              MLReadable, MLReader, MLWritable, MLWriter)
 
 from dpspark import __version__, config as config_mod
-from dpspark.errors import BudgetRefused, ConfigError, DPSparkError, PrivacyAccountingError, RunKilled
-from dpspark.progress import log, step
-from dpspark.session import PLAN_CONF, reset_py4j_connection
+from dpspark.errors import (BudgetRefused, ConfigError, DPSparkError, PrivacyAccountingError, RunFailed, RunKilled,
+                            for_the_analyst)
+from dpspark.progress import OPERATOR_LOG_ENV, accounted, capture, log, log_trouble, operator_log, step
+from dpspark.session import PLAN_CONF, quiet_spark_logs, reset_py4j_connection
 
 __all__ = ["DPClustering", "DPClusteringModel", "DPClusteringSummary", "ParamError", "PARAMS"]
 
@@ -426,7 +432,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
         from dpspark import tables
         from dpspark.privacy.ledger import NOT_PRIVATE_NOTE, Ledger
         from dpspark.privacy.randomness import Randomness
-        from dpspark.runner import estimator_class, new_run_id
+        from dpspark.runner import estimator_class, keep_operator_record, new_run_id, operator_log_dir
 
         config = self.toConfig()  # before any Spark job: a bad Param costs nothing
         spark = dataset.sparkSession
@@ -443,7 +449,16 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
             log.warning("seed=%s: a testing aid; this fit is NOT PRIVATE", randomness.seed)
         run_id = new_run_id()
         timings: dict = {}
-        with _fit_conf(spark):
+        # For the operator record (dpspark.runner.keep_operator_record): exact values, NON-PRIVATE.
+        record = {"status": None, "algorithm": name, "input_path": config.input.path if config.privacy.ledger else None,
+                  "input_key": None, "charged": False, "fit_started": False, "private": private}
+        notes = {"run_id": run_id, "attempt": 1, "record": record, "timings": timings, "operational": {}}
+        failure = None
+        with (accounted(config.privacy.ledger is not None), capture() as lines, _fit_conf(spark),
+              quiet_spark_logs(spark, config.privacy.ledger is not None)):
+            if config.privacy.ledger is not None and operator_log_dir() is None:
+                log.warning("$%s is not set: this fit's operational data (timings, pass counts, error details) is "
+                            "not kept anywhere", OPERATOR_LOG_ENV)
             # Pre-flight: nothing charged yet, no private value read.
             with step("pre-flight checks", timings):
                 _check_executors(spark)
@@ -457,6 +472,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                     input_key = tables.ledger_key_of(spark, config.input.path)
             ledger_totals = None
             status = "failed"
+            record["input_key"] = input_key
             try:
                 if ledger is not None:
                     with step("privacy ledger: start", timings):
@@ -484,11 +500,13 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                         status = None  # the ledger recorded the refusal itself
                         raise
                 # The charge is written; from here on the budget stays spent whatever happens.
+                record["charged"] = ledger is not None
                 if ledger is not None:  # as the runner: this charge is spent for good (never reused)
                     ledger.mark(input_key, run_id, "fit_started", attempt=1, guarantee=guarantee)
+                record["fit_started"] = True
                 try:
                     with step(f"{name}: fit", timings):
-                        result = family.fit(dataset, timings=timings, operational={})
+                        result = family.fit(dataset, timings=timings, operational=notes["operational"])
                 except Exception as exc:
                     found = _MISSING.search(str(exc))
                     if found:
@@ -500,6 +518,8 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                         f"{name} declared epsilon={plan_eps!r}, delta={plan_delta!r} but charged "
                         f"epsilon={result.epsilon_spent!r}, delta={result.delta_spent!r}")
                 status = "succeeded"
+                if ledger is not None:
+                    ledger.mark(input_key, run_id, "succeeded", attempt=1, guarantee=guarantee)
             except BaseException as exc:
                 killed = isinstance(exc, (RunKilled, KeyboardInterrupt))
                 if killed:
@@ -507,16 +527,27 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                     reset_py4j_connection(spark)  # the interrupted call's answer is still unread
                     with contextlib.suppress(Exception):
                         spark.sparkContext.cancelAllJobs()
+                notes.update(error_type=type(exc).__name__,
+                             traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+                failure = for_the_analyst(exc, record["fit_started"])  # drops the chain of a kept error
                 if status is not None and status != "succeeded":
-                    log.error("DPClustering fit %s %s: %s", run_id, status, exc)
+                    # the analyst's log: what the caller gets; the operator's log: the traceback
+                    log.error("DPClustering fit %s %s: %s: %s", run_id, status, type(failure).__name__, failure)
+                    operator_log.error("DPClustering fit %s %s:\n%s", run_id, status, notes["traceback"].rstrip())
                 if ledger is not None and status is not None and status != "succeeded":
                     try:
                         ledger.mark(input_key, run_id, status, attempt=1, guarantee=guarantee)
                     except Exception:  # recording the failure must not hide the failure
-                        log.error("could not record the end of fit %s:\n%s", run_id, traceback.format_exc())
-                raise
-            if ledger is not None:
-                ledger.mark(input_key, run_id, "succeeded", attempt=1, guarantee=guarantee)
+                        log_trouble("could not record the end of fit %s", run_id)
+                if isinstance(failure, RunFailed) and operator_log_dir() is None:
+                    log.error("the details of this failure were not kept: $%s is not set (or attach a handler to "
+                              "the 'dpspark.operator' logger)", OPERATOR_LOG_ENV)
+            if status is None:
+                status = "refused"  # BudgetRefused: the ledger recorded it
+            record["status"] = "failed" if failure is not None and status == "succeeded" else status
+            keep_operator_record(spark, notes, lines)
+            if failure is not None:
+                raise failure  # outside the except block: it chains nothing (dpspark.errors.for_the_analyst)
         state = {
             "algorithm": result.algorithm, "objective": result.objective, "k": int(result.centers.shape[0]),
             "centers": np.asarray(result.centers, dtype=np.float64).tolist(),

@@ -1,13 +1,53 @@
-"""One log line per Spark pass and per driver step, with its duration."""
+"""dpspark's log: one line per Spark pass and per driver step, and who sees which line.
+
+Two audiences (docs/privacy.md, "Operational metadata is NON-PRIVATE"):
+
+- the ANALYST sees the ``dpspark`` logger (on stderr once ``configure_logging`` ran);
+- the OPERATOR (the deployment, run by the administrator) sees the ``dpspark.operator`` logger and,
+  when ``$DPSPARK_OPERATOR_LOG`` is set, one JSON record per attempt (``dpspark.runner``) holding
+  every dpspark line of that attempt at INFO, collected by ``capture``.
+
+Some lines carry values computed from the data: step durations, maxcover's histogram sizes and
+fallbacks, ldp's report counts, a failed fit's traceback. In an ACCOUNTED run or fit (it has a
+privacy ledger; the command line, the runner and ``DPClustering.fit`` enter ``accounted(True)``) the
+analyst must see only DP outputs and public values, so while it is on:
+
+- ``step`` logs "<step> ..." and "<step> done" on ``dpspark`` and "<step> done in 1.23s" on
+  ``dpspark.operator`` only; a ``step(..., data_dependent=True)`` (a step whose occurrence itself depends on
+  the data, e.g. maxcover's per-pick histogram jobs) logs on ``dpspark.operator`` only;
+- ``detail(...)`` lines go to ``dpspark.operator`` only.
+
+A failure's traceback (which may quote a record) is on ``dpspark.operator`` only, accounted or not
+(``log_trouble``, and the runner's and ``DPClustering.fit``'s failure path): the analyst sees the
+error's type and a fixed message (dpspark.errors.for_the_analyst).
+
+In an unaccounted run (no ledger: nothing bounds what it shows, and its analyst may repeat it at
+will) every line is on ``dpspark`` as it always was ("<step> done in 1.23s": scripts/bench_scale.py
+parses these lines of ledger-less runs). ``dpspark.operator`` never propagates to the analyst's
+handlers (it has a NullHandler); an administrator may attach a handler of their own to it.
+
+The switch is process-wide (a counter: on while any accounted run or fit is under way), so a
+concurrent unaccounted fit in another thread is quiet too, never the other way round.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import sys
+import threading
 import time
 
 log = logging.getLogger("dpspark")
+operator_log = logging.getLogger("dpspark.operator")
+operator_log.propagate = False
+operator_log.setLevel(logging.INFO)
+operator_log.addHandler(logging.NullHandler())  # never Python's last-resort handler (stderr)
+
+OPERATOR_LOG_ENV = "DPSPARK_OPERATOR_LOG"  # set by the deployment only: never a config key
+
+_lock = threading.Lock()
+_accounted = 0  # number of accounted runs or fits under way
 
 
 def configure_logging(level: int = logging.INFO, stream=None) -> None:
@@ -27,7 +67,7 @@ def configure_logging(level: int = logging.INFO, stream=None) -> None:
     ours = [h for h in log.handlers if getattr(h, "_dpspark", False)]
     if ours and stream is not None:
         ours[0].use(stream)
-    elif not log.handlers:
+    elif not [h for h in log.handlers if not isinstance(h, (_Collector, _LastResort))]:
         handler = _Handler(stream)
         handler.setFormatter(logging.Formatter("[dpspark] %(asctime)s %(message)s", "%H:%M:%S"))
         handler._dpspark = True
@@ -55,14 +95,169 @@ class _Handler(logging.StreamHandler):
 
 
 @contextlib.contextmanager
-def step(name: str, timings: dict | None = None):
-    """Log ``name`` and its duration; record the duration in ``timings`` if given."""
+def accounted(on: bool = True):
+    """While inside (and ``on``): the analyst's log shows no data-dependent value (module docstring)."""
+    global _accounted
+    if not on:
+        yield
+        return
+    with _lock:
+        _accounted += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _accounted -= 1
+
+
+def is_accounted() -> bool:
+    return _accounted > 0
+
+
+def detail(message: str, *args, level: int = logging.INFO, exc_info=None) -> None:
+    """A line with values computed from the data: the operator's log only in an accounted run, else
+    the dpspark log (as ``log.log(level, message, *args)``)."""
+    (operator_log if is_accounted() else log).log(level, message, *args, exc_info=exc_info)
+
+
+def log_trouble(message: str, *args) -> None:
+    """Log an error met while handling another one (call it in the ``except`` block): its traceback
+    chains the error being handled, which may quote a private value, so the analyst's log gets
+    ``message`` and the error's type, the operator's log the traceback."""
+    exc = sys.exc_info()[1]
+    log.error(message + " (%s; details in the operator log)", *args, type(exc).__name__)
+    operator_log.error(message, *args, exc_info=True)
+
+
+@contextlib.contextmanager
+def step(name: str, timings: dict | None = None, data_dependent: bool = False):
+    """Log ``name`` and its duration; record the duration in ``timings`` if given.
+
+    In an accounted run the duration goes to the operator's log only, and a ``data_dependent`` step (one
+    that runs or not depending on the data) is not on the analyst's log at all."""
+    quiet = is_accounted()
+    shown = operator_log if quiet and data_dependent else log
     start = time.perf_counter()
-    log.info("%s ...", name)
+    shown.info("%s ...", name)
     try:
         yield
     finally:
         seconds = time.perf_counter() - start
-        log.info("%s done in %.2fs", name, seconds)
+        if quiet:
+            if shown is log:
+                log.info("%s done", name)
+            operator_log.info("%s done in %.2fs", name, seconds)
+        else:
+            log.info("%s done in %.2fs", name, seconds)
         if timings is not None:
             timings[name] = timings.get(name, 0.0) + seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# The operator's copy of an attempt's lines
+
+MAX_CAPTURED_LINES = 20_000
+
+
+class _Collector(logging.Handler):
+    """Keeps the formatted lines (INFO and above, with tracebacks) of ``dpspark`` and ``dpspark.operator``."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.dropped = 0
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+
+    def emit(self, record):
+        if len(self.lines) < MAX_CAPTURED_LINES:
+            self.lines.append(self.format(record))
+        else:
+            self.dropped += 1
+
+
+class _AtLeast(logging.Filter):
+    """On the analyst's handlers while ``capture`` lowers the dpspark logger to INFO: they still
+    receive only the dpspark records they received before (at or above ``level``)."""
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record):
+        return record.levelno >= self.level or not (record.name == "dpspark" or record.name.startswith("dpspark."))
+
+
+class _LastResort(logging.Handler):
+    """Python's last-resort handler (warnings to stderr when no handler is configured), which a
+    collector on the dpspark logger would otherwise switch off."""
+
+    def __init__(self, level: int):
+        super().__init__(level)
+
+    def emit(self, record):
+        fallback = logging.lastResort
+        if fallback is not None and record.levelno >= fallback.level:
+            fallback.handle(record)
+
+
+_collectors: list = []
+_undo: list = []  # how to put the dpspark logger back once the last collector is gone
+
+
+def _analyst_handlers() -> list:
+    handlers, logger = [], log
+    while logger is not None:
+        handlers += [h for h in logger.handlers if not isinstance(h, _Collector)]
+        if not logger.propagate:
+            break
+        logger = logger.parent
+    return handlers
+
+
+def _install(collector: _Collector) -> None:
+    if not _collectors:
+        effective = log.getEffectiveLevel()
+        handlers = _analyst_handlers()
+        if not handlers:  # what Python does when no handler is found: the last-resort one
+            fallback = _LastResort(effective)
+            log.addHandler(fallback)
+            _undo.append(lambda: log.removeHandler(fallback))
+        elif effective > logging.INFO:
+            gate = _AtLeast(effective)
+            for h in handlers:
+                h.addFilter(gate)
+                _undo.append(lambda h=h: h.removeFilter(gate))
+        if effective > logging.INFO:
+            level = log.level
+            log.setLevel(logging.INFO)
+            _undo.append(lambda: log.setLevel(level))
+    _collectors.append(collector)
+    log.addHandler(collector)
+    operator_log.addHandler(collector)
+
+
+def _uninstall(collector: _Collector) -> None:
+    log.removeHandler(collector)
+    operator_log.removeHandler(collector)
+    if collector in _collectors:
+        _collectors.remove(collector)
+    if not _collectors:
+        while _undo:
+            _undo.pop()()
+
+
+@contextlib.contextmanager
+def capture():
+    """Collect every dpspark line (``dpspark`` and ``dpspark.operator``, INFO and above, any thread)
+    while inside; yields the list the lines are appended to. When the dpspark logger was above INFO,
+    it is lowered to INFO meanwhile, and the analyst's handlers keep their former threshold."""
+    collector = _Collector()
+    with _lock:
+        _install(collector)
+    try:
+        yield collector.lines
+    finally:
+        with _lock:
+            _uninstall(collector)
+        if collector.dropped:
+            collector.lines.append(f"... {collector.dropped} more lines not kept (limit {MAX_CAPTURED_LINES})")

@@ -27,9 +27,16 @@ and the takeover is an atomic claim in the ledger, so two concurrent retries can
 one charge. An attempt whose fit started, or whose end was never recorded (SIGKILL), is charged
 for good: its noisy values may have reached a log.
 
-Outputs carry only released values and public parameters. Wall times and pass counts depend on
-the data: they go to ``runs/`` (column ``non_private_operational``, the operator's log), and to
-summary.json and the report only with ``diagnostics: true``, labelled NON-PRIVATE.
+Outputs carry only released values and public parameters. Wall times, pass counts, histogram sizes
+and report counts depend on the data: nothing under ``output.path`` holds them (``runs/`` keeps its
+column ``non_private_operational`` for old readers, always null), except summary.json and the report
+with ``diagnostics: true`` (labelled NON-PRIVATE; refused with a ledger). They go to the OPERATOR
+LOG, a location the deployment fixes (``$DPSPARK_OPERATOR_LOG``, never a config key): each attempt
+writes ``{DPSPARK_OPERATOR_LOG}/{run_id}/attempt-{N}.json`` (``write_operator_record``: status,
+input key, timings, the family's ``operational`` dict, a failure's type and traceback, the
+attempt's dpspark log lines); unset, nothing is kept. In a run with a ledger the analyst's log
+shows none of them (dpspark.progress), and an error that is not dpspark's own, once the fit has
+started, reaches the analyst as ``RunFailed`` naming its type only (dpspark.errors.for_the_analyst).
 """
 
 from __future__ import annotations
@@ -49,11 +56,12 @@ from datetime import datetime, timezone
 import numpy as np
 
 from dpspark import __version__, tables
-from dpspark.errors import BudgetRefused, DPSparkError, PrivacyAccountingError, RunKilled
+from dpspark.errors import (BudgetRefused, DPSparkError, PrivacyAccountingError, RunFailed, RunKilled,
+                            for_the_analyst)
 from dpspark.privacy.ledger import NOT_PRIVATE_NOTE, Ledger
 from dpspark.privacy.randomness import Randomness
-from dpspark.progress import log, step
-from dpspark.session import reset_py4j_connection
+from dpspark.progress import OPERATOR_LOG_ENV, accounted, capture, detail, log, log_trouble, operator_log, step
+from dpspark.session import quiet_spark_logs, reset_py4j_connection
 
 ESTIMATORS = {
     "auto": "dpspark.auto.estimator:AutoClustering",
@@ -134,23 +142,147 @@ def _reusable_charge(ledger, input_key: str, run_id: str, plan: tuple, guarantee
 
 
 def _error_text(exc: BaseException, fit_started: bool) -> str:
-    """What ``runs/`` and ``--json`` say about a failure. dpspark's own messages name keys and
-    public values only; another exception raised once the fit has started may quote a private
-    value (e.g. a Spark cast error), so only its type is recorded: the driver log has the rest."""
+    """What ``runs/`` and the analyst's log say about a failure. dpspark's own messages name keys
+    and public values only; another exception raised once the fit has started may quote a private
+    value (e.g. a Spark cast error), so only its type is recorded: the operator log has the rest."""
     if isinstance(exc, (DPSparkError, RunKilled)) or not fit_started:
         return f"{type(exc).__name__}: {exc}"[:4000]
-    return f"{type(exc).__name__} during the fit (details in the driver log only: they may quote private values)"
+    return f"{type(exc).__name__} during the fit (details in the operator log only: they may quote private values)"
+
+
+# ---------------------------------------------------------------------------------------------
+# The operator log: one JSON record per attempt, at a location the deployment fixes
+
+
+def operator_log_dir() -> str | None:
+    """``$DPSPARK_OPERATOR_LOG`` (qualified), or None: set by the deployment, never by a config."""
+    base = os.environ.get(OPERATOR_LOG_ENV) or None
+    return tables.qualify(base).rstrip("/") if base else None
+
+
+def operator_record_path(run_id: str, attempt: int, base: str | None = None) -> str | None:
+    base = base or operator_log_dir()
+    return None if base is None else f"{base.rstrip('/')}/{run_id}/attempt-{int(attempt)}.json"
+
+
+def _exists(spark, path: str) -> bool:
+    local = tables.local_path(path)
+    if local is not None:
+        return os.path.exists(local)
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    return bool(hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hpath))
+
+
+def write_operator_record(spark, run_id: str, attempt: int, payload: dict) -> str | None:
+    """Write one attempt's operator record (``payload``, made JSON-safe) under ``$DPSPARK_OPERATOR_LOG``;
+    returns its path, or None when the variable is unset. An attempt number is taken from ``runs/``,
+    which the analyst can edit: a record already at that path is never overwritten (the new one gets a
+    unique suffix, ``attempt-N.<time>-<random>.json``)."""
+    path = operator_record_path(run_id, attempt)
+    if path is None:
+        return None
+    if _exists(spark, path):
+        path = path[: -len(".json")] + f".{_now():%Y%m%dT%H%M%S}-{secrets.token_hex(4)}.json"
+    tables.write_json(spark, path, json.loads(json.dumps(payload, default=_plain)))
+    return path
+
+
+def _plain(value):
+    """JSON for the operator record: numpy values as numbers and lists, times in ISO 8601, else text."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def read_operator_record(spark, run_id: str, attempt: int = 1, base: str | None = None) -> dict:
+    """The operator record of one attempt (``base``: default ``$DPSPARK_OPERATOR_LOG``), as a dict."""
+    path = operator_record_path(run_id, attempt, base)
+    if path is None:
+        raise ValueError(f"no operator log: ${OPERATOR_LOG_ENV} is not set and no base was given")
+    local = tables.local_path(path)
+    if local is not None:
+        with open(local, encoding="utf-8") as handle:
+            return json.load(handle)
+    return json.loads(spark.read.text(path, wholetext=True).first()[0])
+
+
+def _operator_payload(notes: dict, lines: list) -> dict:
+    record = notes.get("record") or {}
+    status = record.get("status")
+    if notes.get("error_type") and status in (None, "running"):
+        status = "failed"  # an error before the attempt recorded its end
+    return {
+        "run_id": notes["run_id"], "attempt": notes["attempt"], "status": status,
+        "algorithm": record.get("algorithm"), "input_path": record.get("input_path"),
+        "input_key": record.get("input_key"), "input_version": record.get("input_version"),
+        "started_at": record.get("started_at"), "ended_at": record.get("ended_at"),
+        "epsilon_spent": record.get("epsilon_spent"), "delta_spent": record.get("delta_spent"),
+        "charged": record.get("charged"), "fit_started": record.get("fit_started"),
+        "charge_reused_from": record.get("charge_reused_from"), "private": record.get("private"),
+        "label": "NON-PRIVATE operational metadata: exact values computed from the data",
+        "timings": {k: round(v, 3) for k, v in notes["timings"].items()},
+        "operational": notes["operational"],
+        "error_type": notes.get("error_type"), "traceback": notes.get("traceback"),
+        "log": list(lines), "dpspark_version": __version__,
+    }
+
+
+def keep_operator_record(spark, notes: dict, lines: list) -> None:
+    """Write the attempt's operator record, if it has an attempt number; never fails the run."""
+    if notes["attempt"] is None or operator_log_dir() is None:
+        return
+    try:
+        path = write_operator_record(spark, notes["run_id"], notes["attempt"], _operator_payload(notes, lines))
+        operator_log.info("operator record of run %s attempt %s: %s", notes["run_id"], notes["attempt"], path)
+    except Exception as exc:
+        log.error("could not write the operator record of run %s attempt %s (%s)", notes["run_id"], notes["attempt"],
+                  type(exc).__name__)
+        operator_log.error("could not write the operator record", exc_info=True)
 
 
 def run(config, spark, run_id: str | None = None, randomness: Randomness | None = None, force: bool = False,
         timings: dict | None = None) -> RunResult:
     """One attempt of ``run_id`` (see the module docstring). ``timings``: steps measured before the
-    call (the command line passes "start Spark session"), kept first in the run record's timings."""
+    call (the command line passes "start Spark session"), kept first in the attempt's timings.
+
+    With a ledger the attempt is ACCOUNTED (dpspark.progress.accounted): the analyst's log shows no
+    data-dependent value. Every attempt's dpspark lines are collected for its operator record. An
+    error raised once the fit has started reaches the caller as ``for_the_analyst`` makes it."""
     run_id = run_id or new_run_id()
     if not tables.RUN_ID_PATTERN.match(run_id):
         raise ValueError(f"invalid run id {run_id!r}")
+    notes = {"run_id": run_id, "attempt": None, "record": None, "timings": dict(timings or {}), "operational": {}}
+    ledgered = config.privacy.ledger is not None
+    failure = None
+    with accounted(ledgered), capture() as lines, quiet_spark_logs(spark, ledgered):
+        if ledgered and operator_log_dir() is None:
+            log.warning("$%s is not set: this run's operational data (timings, pass counts, error details) is "
+                        "not kept anywhere", OPERATOR_LOG_ENV)
+        try:
+            return _attempt(config, spark, run_id, randomness, force, notes)
+        except BaseException as exc:
+            error = exc.error if isinstance(exc, _Recorded) else exc
+            notes["error_type"] = type(error).__name__
+            notes["traceback"] = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            fit_started = bool(notes["record"] and notes["record"].get("fit_started"))
+            failure = for_the_analyst(error, fit_started)
+            if isinstance(failure, RunFailed) and operator_log_dir() is None:
+                log.error("the details of this failure were not kept: $%s is not set (or attach a handler to the "
+                          "'dpspark.operator' logger)", OPERATOR_LOG_ENV)
+        finally:
+            keep_operator_record(spark, notes, lines)
+    raise failure  # outside the except block: the analyst's exception chains nothing
+
+
+def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: bool, notes: dict) -> RunResult:
+    """The body of ``run``; fills ``notes`` (attempt, record, timings, operational) for the operator record."""
     started = _now()
-    timings = dict(timings or {})
+    timings = notes["timings"]
     paths = output_paths(tables.qualify(config.output.path))
     randomness = randomness or Randomness(config.seed)
     estimator = estimator_class(config.algorithm.name).from_config(config, randomness=randomness)
@@ -199,8 +331,10 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         "input_version": None, "input_where": config.input.where, "dpspark_version": __version__,
         "started_at": started, "ended_at": None, "seed": randomness.seed, "private": private,
         "privacy_note": privacy_note, "guarantee": guarantee, "charge_reused_from": None, "error": None,
-        "charged": False, "fit_started": False, "non_private_operational": None,
+        "charged": False, "fit_started": False,
+        "non_private_operational": None,  # always null: operational data go to the operator log only
     }
+    notes.update(attempt=attempt, record=record)
     _warm_python_workers(spark)  # in a thread: public rows only
     # A new attempt: the previous summary.json must not be read as this run's result.
     tables.delete_file(spark, paths["summary"])
@@ -282,7 +416,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             with step("privacy ledger: fit started", timings):
                 ledger.mark(input_key, run_id, "fit_started", attempt=attempt, guarantee=guarantee)
         record["fit_started"] = True
-        operational: dict = {}
+        operational = notes["operational"]
         with step(f"{config.algorithm.name}: fit", timings):
             model = estimator.fit(table.df, timings=timings, operational=operational)
         if not (math.isclose(model.epsilon_spent, plan_eps, rel_tol=1e-9, abs_tol=1e-12)
@@ -336,15 +470,16 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
             summary["non_private_timings"] = _phase_timings(timings, config.algorithm.name)
         record.update(status="succeeded", ended_at=_now())
         with step("write runs table and summary.json", timings):
-            record["non_private_operational"] = _json({"timings": {k: round(v, 3) for k, v in timings.items()}, **operational})
             tables.write_run_record(spark, paths["runs"], record)
             tables.write_json(spark, run_summary_path(paths, run_id), summary)
             tables.write_json(spark, paths["summary"], summary)
-    except _Recorded as recorded:
-        raise recorded.error
+    except _Recorded:
+        raise  # run() hands the analyst its error
     except BaseException as exc:
         killed = isinstance(exc, RunKilled)
-        log.error("run %s attempt %d %s: %s", run_id, attempt, "killed" if killed else "failed", exc)
+        log.error("run %s attempt %d %s: %s", run_id, attempt, "killed" if killed else "failed",
+                  _error_text(exc, record["fit_started"]))
+        operator_log.error("run %s attempt %d %s", run_id, attempt, "killed" if killed else "failed", exc_info=exc)
         if killed:
             reset_py4j_connection(spark)
             _cancel_jobs(spark)  # the running row's write too, if it is still under way
@@ -352,11 +487,10 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
         if wrote_outputs:
             _cleanup(spark, paths, run_id)
         record.update(status="killed" if killed else "failed", ended_at=_now(), error=_error_text(exc, record["fit_started"]))
-        record["non_private_operational"] = _json({"timings": {k: round(v, 3) for k, v in timings.items()}})
         try:
             _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee, input_key)
         except Exception:  # recording the failure must not hide the failure
-            log.error("could not record the end of run %s:\n%s", run_id, traceback.format_exc())
+            log_trouble("could not record the end of run %s", run_id)
         raise
     if ledger is not None:
         with step("privacy ledger: end", timings):  # after the run record: in the log only
@@ -366,7 +500,7 @@ def run(config, spark, run_id: str | None = None, randomness: Randomness | None 
 
 
 class _Recorded(Exception):
-    """An error whose end was already recorded (refused, awaiting): re-raised as is."""
+    """An error whose end was already recorded (refused, awaiting): ``run`` raises ``error`` as is."""
 
     def __init__(self, error):
         super().__init__(str(error))
@@ -395,7 +529,7 @@ def _write_running_row(spark, runs_path: str, record: dict, timings: dict) -> No
     tables.write_run_record(spark, runs_path, record)
     seconds = time.perf_counter() - start
     timings[RUNNING_ROW_STEP] = seconds
-    log.info("runs table: the running row was written in a thread in %.2f s", seconds)
+    detail("runs table: the running row was written in a thread in %.2f s", seconds)
 
 
 def _settle(background, timings: dict, quiet: bool = False) -> None:
@@ -419,7 +553,7 @@ def _cancel_jobs(spark) -> None:
     try:
         spark.sparkContext.cancelAllJobs()
     except Exception:
-        log.error("could not cancel the Spark jobs of a killed run:\n%s", traceback.format_exc())
+        log_trouble("could not cancel the Spark jobs of a killed run")
 
 
 def _listed_outputs(paths: dict, run_id: str, report: bool) -> dict:
@@ -456,7 +590,7 @@ def _cleanup(spark, paths, run_id):
             tables.delete_file(spark, paths[key])
         tables.delete_file(spark, run_summary_path(paths, run_id))
     except Exception:
-        log.error("cleanup after a failed run left something behind:\n%s", traceback.format_exc())
+        log_trouble("cleanup after a failed run left something behind")
 
 
 def _collapse(config, model):

@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import os
 import re
@@ -305,3 +307,33 @@ def reset_py4j_connection(spark=None) -> None:
     except Exception:
         logging.getLogger("dpspark").error("could not reset the py4j connection of a killed run:\n%s",
                                            traceback.format_exc())
+
+
+@contextlib.contextmanager
+def quiet_spark_logs(spark, on: bool = True):
+    """Spark's own log lines OFF in the driver's JVM while ``on`` (an accounted run or fit), then back.
+
+    Spark logs a failed task's exception on the driver (``WARN TaskSetManager: Lost task ...``,
+    ``ERROR Executor``), and such a message can quote a record's value; in local mode the executors
+    share the driver's JVM and stderr. dpspark's own expressions cannot raise on a value (see
+    docs/privacy.md, "Threat model"), so this is defence in depth: in an accounted run the analyst's
+    stderr carries no Spark log line; the error's details go to the operator log through the runner.
+    Restored on exit; a no-op without a classic session (Spark Connect: the server keeps its log).
+    """
+    manager = None
+    if on:
+        try:
+            manager = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager
+            before = str(manager.getRootLogger().getLevel().toString())
+            spark.sparkContext.setLogLevel("OFF")
+        except Exception:
+            manager = None
+    try:
+        yield
+    finally:
+        if manager is not None:
+            try:
+                spark.sparkContext.setLogLevel(before)
+            except Exception:
+                pass
+

@@ -306,6 +306,10 @@ def check_schema(df, features: tuple[str, ...], privacy_unit: str | None, dim: i
     _, names = _feature_expressions(df, features, dim)
     if privacy_unit is not None and privacy_unit not in df.columns:
         raise SchemaError(f"privacy unit column {privacy_unit!r} (input.privacy_unit) not found; the table has columns {sorted(df.columns)}")
+    if privacy_unit is not None:
+        from dpspark.privacy.bounding import check_privacy_unit
+
+        check_privacy_unit(df, privacy_unit)  # a type with no injective key is refused before the charge
     return names
 
 
@@ -432,6 +436,8 @@ def write_centers(spark, path: str, run_id: str, feature_names: list[str], cente
     replace_run_rows(spark, spark.createDataFrame(rows, schema).coalesce(1), path, run_id)
 
 
+# ``non_private_operational`` is kept for old readers and old tables (appending needs no schema
+# change) but is always null: operational data go to the operator log only (dpspark.runner).
 RUNS_SCHEMA = (
     "run_id STRING, attempt INT, status STRING, algorithm STRING, objective STRING, k INT, parameters STRING, "
     "epsilon_spent DOUBLE, delta_spent DOUBLE, epsilon_configured DOUBLE, delta_configured DOUBLE, "
@@ -442,11 +448,12 @@ RUNS_SCHEMA = (
     "non_private_operational STRING"
 )
 RUNS_COLUMNS = tuple(f.split()[0] for f in RUNS_SCHEMA.split(", "))
+RETIRED_RUNS_COLUMNS = ("non_private_operational",)  # always written as null
 
 
 def write_run_record(spark, path: str, record: dict) -> None:
     """Upsert one row of the ``runs/`` table, keyed by (run id, attempt): every attempt keeps its row."""
-    row = tuple(record.get(name) for name in RUNS_COLUMNS)
+    row = tuple(None if name in RETIRED_RUNS_COLUMNS else record.get(name) for name in RUNS_COLUMNS)
     df = spark.createDataFrame([row], RUNS_SCHEMA).coalesce(1)
     replace_run_rows(spark, df, path, record["run_id"], record.get("attempt"))
 

@@ -21,7 +21,7 @@ of the machine's load falls on every job):
 
 Reported (``--out``, default bench/results/demo): results.md (medians, the ratio of the medians and
 each repetition's ratio, target <= 1.5x; dpspark's per-step breakdown from its run record, the
-``non_private_operational`` timings in ``runs/``, plus the two steps logged after that record is
+timings of its operator record (``$DPSPARK_OPERATOR_LOG``), plus the two steps logged after that record is
 written, and "outside the steps" = the process's wall time minus the steps: Python start, imports,
 process exit), results.json with every number, and the logs of every process.
 
@@ -127,6 +127,9 @@ def run_dpspark(table: str, work: Path, logs: Path, rep: int, env: dict, timeout
     cmd = [DPSPARK, "run", "--config", str(CONFIG), "--set", f"input.path={table}", "--set", f"privacy.ledger={ledger}",
            "--set", f"output.path={out}", "--json"]
     load_run = _load()
+    # A run with a ledger shows no step durations on stderr (the analyst's view): they are in the
+    # operator record, kept under the deployment's $DPSPARK_OPERATOR_LOG.
+    env = dict(env, DPSPARK_OPERATOR_LOG=str(out / "operator"))
     wall, exit_code, stdout, stderr = _timed(cmd, logs / f"{label}-{rep}.log", env, timeout)
     outcome = {}
     for line in reversed(stdout.strip().splitlines()):
@@ -137,7 +140,7 @@ def run_dpspark(table: str, work: Path, logs: Path, rep: int, env: dict, timeout
         raise SystemExit(f"bench_demo: dpspark run failed (exit {exit_code}), see {logs}/{label}-{rep}.log")
     return {"rep": rep, "job": label, "wall_s": round(wall, 3), "set_budget_s": round(set_wall, 3),
             "load_before_set_budget": load_before, "load_before": load_run, "run_id": outcome["run_id"],
-            "runs_path": str(out / "runs"), "logged_steps": logged_steps(stderr)}
+            "operator_log": str(out / "operator"), "logged_steps": logged_steps(stderr)}
 
 
 def run_mllib(table: str, work: Path, logs: Path, rep: int, env: dict, timeout: float, small_job: bool = False) -> dict:
@@ -161,18 +164,19 @@ def run_mllib_small_job(table: str, work: Path, logs: Path, rep: int, env: dict,
 
 
 def read_run_records(rows: list[dict]) -> None:
-    """Each dpspark run's step timings from its run record (runs/, ``non_private_operational``)."""
+    """Each dpspark run's step timings from its operator record ($DPSPARK_OPERATOR_LOG: NON-PRIVATE
+    operational metadata, kept by the deployment, never under output.path)."""
     sys.path.insert(0, str(ROOT))
+    from dpspark.runner import read_operator_record
     from dpspark.session import build_session
 
     spark = build_session(app_name="bench-demo-records", testing=True)
     try:
         for row in rows:
-            rec = (spark.read.format("delta").load(row["runs_path"]).where(f"run_id = '{row['run_id']}'")
-                   .select("algorithm", "non_private_operational").collect())[0]
-            operational = json.loads(rec["non_private_operational"] or "{}")
+            rec = read_operator_record(spark, row["run_id"], 1, row["operator_log"])
             row["algorithm"] = rec["algorithm"]
-            row["record_steps"] = operational.get("timings", {})
+            row["record_steps"] = rec.get("timings", {})
+            row["logged_steps"] = {**logged_steps("\n".join(rec.get("log", []))), **row["logged_steps"]}
     finally:
         spark.stop()
 
@@ -250,7 +254,7 @@ def report(rows: list[dict], args, table: str, make_s: float | None) -> str:
         "",
         "## Where dpspark's seconds go (median per step over the repetitions)",
         "",
-        "From each run's record (`runs/`, column `non_private_operational`: NON-PRIVATE operational metadata); "
+        "From each run's operator record (`$DPSPARK_OPERATOR_LOG`: NON-PRIVATE operational metadata); "
         "the steps after that record is written (`write runs table and summary.json`, `privacy ledger: end`) "
         "from the run's log lines. \"Outside the steps\" is the process's wall time minus the steps: Python "
         "start, imports before the session, process exit.",

@@ -43,8 +43,9 @@ shuffle partitions). ``dpspark run --config <generated yaml> --json`` runs witho
 report.png and summary.json into a temporary directory. Measured: the wall time of the whole
 process (start to exit); the fit alone and every top-level step, from the child's step lines on
 stderr (dpspark's log; mllib_job writes the same format), with the start-up before the first step
-and the exit after the last timed on the lines' arrival; dpspark's pass counts from its ``runs/``
-record (``non_private_operational``); each family's ratio to the mean of the MLlib runs just before
+and the exit after the last timed on the lines' arrival; dpspark's pass counts from its operator
+record (``$DPSPARK_OPERATOR_LOG`` set to ``operator/`` in the job's folder, read with
+``dpspark.runner.read_operator_record``); each family's ratio to the mean of the MLlib runs just before
 and after it; peak RSS of the child's Python process, its JVM and the whole process tree (sampled
 every 0.5 s); the cost sanity check on the released centers (summary.json, result.json). Writes
 whole.csv, whole.md, whole_time_vs_n.png beside the fit mode's files (``--append`` replaces the
@@ -294,11 +295,15 @@ def family_config(job: str, table: str, d: int, out_dir: str, tiny: bool = False
     }
 
 
-def child_env() -> dict:
-    """This environment without a deployment ledger or a parent's Py4J gateway."""
+def child_env(operator_log: str | None = None) -> dict:
+    """This environment without a deployment ledger or a parent's Py4J gateway; the child's operator
+    log (``$DPSPARK_OPERATOR_LOG``: its timings and pass counts) is ``operator_log``, or none."""
     env = dict(os.environ)
-    for key in ("DPSPARK_LEDGER", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "PYSPARK_SUBMIT_ARGS"):
+    for key in ("DPSPARK_LEDGER", "DPSPARK_OPERATOR_LOG", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET",
+                "PYSPARK_SUBMIT_ARGS"):
         env.pop(key, None)
+    if operator_log is not None:
+        env["DPSPARK_OPERATOR_LOG"] = operator_log
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     return env
 
@@ -482,16 +487,17 @@ def last_json_line(text: str) -> dict:
     return {}
 
 
-def read_operational(spark, runs_path: str) -> dict:
-    """``non_private_operational`` of the succeeded attempt in a ``runs/`` table (timings, pass counts)."""
-    from pyspark.sql import functions as F
+def read_operational(spark, operator_dir: str, run_id: str, attempt: int = 1) -> dict:
+    """The ``operational`` dict (pass counts, histogram sizes) of one attempt's operator record, the
+    file ``dpspark run`` wrote under ``$DPSPARK_OPERATOR_LOG`` (``operator_dir``), with its
+    ``timings``; {} if there is none."""
+    from dpspark.runner import read_operator_record
 
-    rows = (spark.read.format("delta").load(runs_path).where(F.col("status") == "succeeded")
-            .select("non_private_operational").collect())
-    for r in rows:
-        if r[0]:
-            return json.loads(r[0])
-    return {}
+    try:
+        record = read_operator_record(spark, run_id, attempt, base=operator_dir)
+    except (OSError, ValueError):
+        return {}
+    return {"timings": record.get("timings") or {}, **(record.get("operational") or {})}
 
 
 def whole_sequence(jobs: list[str], reps: int) -> list[str]:
@@ -543,7 +549,8 @@ def whole_job(spark, job: str, seq: int, n: int, d: int, table: str, workdir: Pa
         cfg_path = jobdir / "config.yaml"
         cfg_path.write_text(yaml.safe_dump(family_config(job, table, d, str(outdir), tiny=args.quick), sort_keys=False))
         cmd = dpspark_command(str(cfg_path))
-    proc = run_process(cmd, jobdir, child_env(), args.job_timeout)
+    operator_dir = jobdir / "operator"  # the child's operator log: its pass counts
+    proc = run_process(cmd, jobdir, child_env(None if job == "mllib" else str(operator_dir)), args.job_timeout)
     row.update(wall_whole_s=proc["wall"], exit_code=proc["exit_code"], py_peak_mb=proc["py_peak_mb"],
                jvm_peak_mb=proc["jvm_peak_mb"], tree_peak_mb=proc["tree_peak_mb"], us_per_point=proc["wall"] / n * 1e6)
     centers = None
@@ -575,10 +582,11 @@ def whole_job(spark, job: str, seq: int, n: int, d: int, table: str, workdir: Pa
                 summary = json.loads((outdir / "summary.json").read_text())
                 centers = np.asarray(summary["centers"], dtype=np.float64)
                 params = summary.get("parameters") or {}
-                operational = read_operational(spark, str(outdir / "runs"))
+                operational = read_operational(spark, str(operator_dir), outcome.get("run_id"),
+                                               outcome.get("attempt") or 1)
                 row["route"] = params.get("chosen", "") if job == "auto" else ""
                 if operational.get("spark_passes") is not None:
-                    row.update(spark_passes=operational["spark_passes"], passes_source="runs/ non_private_operational")
+                    row.update(spark_passes=operational["spark_passes"], passes_source="operator record")
                     if job == "maxcover" or row["route"] == "maxcover_grid":
                         row.update(maxcover_extras(operational, private_candidates=(job == "maxcover")))
                     elif operational.get("passes_by_kind"):
@@ -882,7 +890,7 @@ def write_whole_outputs(results, args, out_dir: Path, elapsed: float) -> None:
     md.append("")
     md.append("![whole process time vs n](whole_time_vs_n.png)")
     md.append("")
-    md.append("Spark passes: dpspark's from the run's `runs/` record (`non_private_operational`, NON-PRIVATE), the limit "
+    md.append("Spark passes: dpspark's from the run's operator record ($DPSPARK_OPERATOR_LOG, NON-PRIVATE), the limit "
               "r + 1 (+ 1 with private candidates) for maxcover and auto's maxcover route; MLlib approximate (`~`). "
               "cost / cost(true means) as in results.md (not timed).")
     (out_dir / "whole.md").write_text("\n".join(md) + "\n")

@@ -77,10 +77,11 @@ def test_a_seeded_run_is_recorded_not_private_everywhere(spark, tmp_path, write_
     assert ("charged", "NOT PRIVATE (fixed seed)") in notes and ("started", "NOT PRIVATE (fixed seed)") in notes
 
 
-def test_model_and_outputs_hold_no_operational_metadata(spark, tmp_path, write_delta):
+def test_model_and_outputs_hold_no_operational_metadata(spark, tmp_path, write_delta, monkeypatch):
     """Pass counts, signature histogram sizes, fallback thresholds and wall times depend on the data:
-    they go to the caller's ``operational`` dict and the runs/ column, never onto the model or into
-    summary.json / the report (without diagnostics)."""
+    they go to the caller's ``operational`` dict and the operator log ($DPSPARK_OPERATOR_LOG), never
+    onto the model or into runs/, summary.json or the report (without diagnostics)."""
+    from dpspark.runner import read_operator_record
     from dpspark.maxcover.estimator import MaxCover
     from dpspark.privacy.domain import Domain
     from dpspark.privacy.randomness import Randomness
@@ -95,13 +96,15 @@ def test_model_and_outputs_hold_no_operational_metadata(spark, tmp_path, write_d
     assert not leaks & set(model.info) and leaks - {"timings"} <= set(operational) and timings
     cfg, c = make_config(tmp_path, path, **{"algorithm": {"name": "maxcover", "k": 3, "candidates": "grid",
                                                           "candidate_count": 64}, "privacy.delta": 1e-6})
+    monkeypatch.setenv("DPSPARK_OPERATOR_LOG", str(tmp_path / "operator"))
     assert main(["run", "--config", cfg, "--run-id", "m"], spark=spark) == 0
     summary_text = open(os.path.join(c["output"]["path"], "summary.json")).read()
     assert "timings" not in summary_text and "spark_passes" not in summary_text
     html = open(os.path.join(c["output"]["path"], "report.html"), encoding="utf-8").read()
     assert "Timings" not in html
     run = spark.read.format("delta").load(c["output"]["path"] + "/runs").first()
-    assert "spark_passes" in json.loads(run.non_private_operational)
+    assert run.non_private_operational is None
+    assert "spark_passes" in read_operator_record(spark, "m", 1)["operational"]
 
 
 def test_the_deployment_ledger_cannot_be_switched_off_or_replaced(monkeypatch, tmp_path):

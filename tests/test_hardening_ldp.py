@@ -125,7 +125,8 @@ def test_identical_rows_get_distinct_keys_whatever_the_partitioning(spark):
     # With a privacy unit, two people with identical rows are keyed by their units.
     people = pd.DataFrame({"user": ["a", "b", "b"], "x": [75.0, 75.0, 20.0], "y": [75.0, 75.0, 20.0]})
     keyed = collect_keys(ldp_spark.keyed_points(spark.createDataFrame(people), ("x", "y"), "user", DOMAIN, run_key)[0])
-    assert keyed[ldp_spark.KEY].tolist() == ["a", "b"]
+    # keys are the typed encoding of the unit (dpspark.privacy.bounding.unit_key): string tag 5, length, UTF-8
+    assert keyed[ldp_spark.KEY].tolist() == [b"\x05" + (1).to_bytes(8, "big") + b"a", b"\x05" + (1).to_bytes(8, "big") + b"b"]
 
 
 def test_simulate_mode_on_heavily_duplicated_data(spark):

@@ -287,7 +287,8 @@ def test_simulate_and_ingest_give_the_same_centers_for_the_same_reports(spark, t
 
     # Real clients: the same users with the same secret seeds, outside Spark (numpy only).
     run_key = Randomness(11).run_key
-    user_seeds = [client.user_seed(run_key, str(u)) for u in pdf["user"]]
+    # the record key is the unit's typed encoding (dpspark.privacy.bounding.unit_key): int64 tag 2, big-endian
+    user_seeds = [client.user_seed(run_key, b"\x02" + int(u).to_bytes(8, "big", signed=True)) for u in pdf["user"]]
     rounds = client.choose_round_batch(user_seeds, (0.5, 0.25, 0.25))
     unit = np.array([client.to_unit(p, {"lower": [0, 0], "upper": [100, 100]}) for p in pdf[["x", "y"]].to_numpy()])
     protocol_path, reports_path = str(tmp_path / "protocol"), str(tmp_path / "reports")
@@ -351,12 +352,15 @@ def test_simulate_and_ingest_give_the_same_centers_for_the_same_reports(spark, t
 
 
 @pytest.mark.parametrize("objective", ["kmeans", "kmedian"])
-def test_cli_end_to_end(spark, tmp_path, write_delta, objective):
+def test_cli_end_to_end(spark, tmp_path, write_delta, objective, monkeypatch):
     """kmeans: charged to a ledger, in the LOCAL currency: a central cap does not admit an ldp run
     (exit 3), a local cap does, and the central total stays 0."""
     from dpspark import tables
     from dpspark.cli import main
     from dpspark.privacy.ledger import Ledger
+    from dpspark.runner import read_operator_record
+
+    monkeypatch.setenv("DPSPARK_OPERATOR_LOG", str(tmp_path / "operator"))
 
     path = write_delta(blob_frame(7000, seed=3).drop(columns=["user"]))
     ledger_path = str(tmp_path / "ledger")
@@ -382,9 +386,11 @@ def test_cli_end_to_end(spark, tmp_path, write_delta, objective):
     assert summary["private"] is False  # seed 21
     # n = 21,000 users at epsilon = 4: every blob (sd 5) gets a released center within 10 units.
     assert _near_all_blobs(summary["centers"], 10.0), summary["centers"]
-    # Exact report counts per round are NON-PRIVATE operational metadata: runs/ only, not the summary.
+    # Exact report counts per round are NON-PRIVATE operational metadata: the operator log only, not
+    # runs/ or the summary.
     run = spark.read.format("delta").load(str(tmp_path / "out" / "runs")).where("run_id = 'ok'").first()
-    assert run.guarantee == "local" and "reports_per_round" in json.loads(run.non_private_operational)
+    assert run.guarantee == "local" and run.non_private_operational is None
+    assert "reports_per_round" in read_operator_record(spark, "ok", 1)["operational"]
     assert "reports_per_round" not in json.dumps(summary)
     if objective == "kmeans":
         assert ledger.totals(key, guarantee="local").spent_epsilon == 4.0

@@ -338,8 +338,11 @@ def test_config_validation(tmp_path):
     ("kmeans", []),
     ("kmedian", ["algorithm.candidates=grid", "algorithm.candidate_count=64", "algorithm.coverage_approx=0.8"]),
 ])
-def test_cli_end_to_end(spark, write_delta, tmp_path, objective, overrides):
+def test_cli_end_to_end(spark, write_delta, tmp_path, objective, overrides, monkeypatch):
     from dpspark.cli import main
+    from dpspark.runner import read_operator_record
+
+    monkeypatch.setenv("DPSPARK_OPERATOR_LOG", str(tmp_path / "operator"))
 
     data = write_delta(pd.DataFrame(blob_points(seed=11), columns=["x", "y"]), partitions=3)
     cfg = _config(tmp_path, data)
@@ -350,10 +353,12 @@ def test_cli_end_to_end(spark, write_delta, tmp_path, objective, overrides):
     assert summary["status"] == "succeeded" and summary["algorithm"] == "maxcover" and summary["objective"] == objective
     assert len(summary["centers"]) == 4 and all(len(c) == 2 for c in summary["centers"])
     assert math.isclose(summary["epsilon_spent"], 2.0, rel_tol=1e-9) and math.isclose(summary["delta_spent"], 1e-6, rel_tol=1e-9)
-    # Pass counts and wall times depend on the data: in runs/ (non_private_operational) only.
+    # Pass counts and wall times depend on the data: in the operator log ($DPSPARK_OPERATOR_LOG) only.
     assert "timings" not in summary and "spark_passes" not in json.dumps(summary)
     run = spark.read.format("delta").load(str(tmp_path / "out" / "runs")).first()
-    assert "spark_passes" in json.loads(run.non_private_operational)
+    assert run.non_private_operational is None
+    record = read_operator_record(spark, f"mc-{objective}", 1)
+    assert "spark_passes" in record["operational"] and "maxcover: fit" in record["timings"]
     assert os.path.isdir(tmp_path / "out" / "centers")
 
 

@@ -85,7 +85,10 @@ def test_delta_round_trip_records_the_version_read(spark, tmp_path, write_delta)
     assert "version" not in read_summary(cfg)["input"]  # in runs/ and the --json line, not in the release
 
 
-def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_delta):
+def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_delta, monkeypatch):
+    from dpspark.runner import read_operator_record
+
+    monkeypatch.setenv("DPSPARK_OPERATOR_LOG", str(tmp_path / "operator"))
     path = write_delta(points_frame())
     cfg_path, cfg = make_config(tmp_path, path, **{"algorithm.variant": "allocation_nk", "algorithm.iterations": 6})
     assert main(["run", "--config", cfg_path, "--run-id", "full"], spark=spark) == 0
@@ -102,7 +105,7 @@ def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_de
     assert read_summary(cfg, "full") == summary  # the per-run copy a downstream task reads
     assert summary["outputs"]["run_summary"] == os.path.join(out, "summary", "full.json")
     # Wall times grow with n: NON-PRIVATE operational metadata, kept out of the published outputs
-    # (no diagnostics here) and recorded in runs/ for the operator.
+    # (no diagnostics here) and recorded in the operator log ($DPSPARK_OPERATOR_LOG).
     assert "timings" not in summary and "non_private_timings" not in summary
     centers = spark.read.format("delta").load(out + "/centers").orderBy("cluster_id").toPandas()
     assert list(centers.columns) == ["run_id", "cluster_id", "x", "y", "noisy_weight", "private"]
@@ -119,8 +122,8 @@ def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_de
     assert "NOT PRIVATE" in run.privacy_note and run.guarantee == "central"
     assert run.charged is False and run.fit_started is True  # no ledger: nothing charged, but the fit ran
     assert run.input_key == summary["input"]["key"] and run.input_version == 0
-    operational = json.loads(run.non_private_operational)
-    assert "dplloyd: fit" in operational["timings"]
+    assert run.non_private_operational is None  # not in runs/ (under the analyst's output path)
+    assert "dplloyd: fit" in read_operator_record(spark, "full", 1)["timings"]
     with open(out + "/report.png", "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
     page = open(out + "/report.html", encoding="utf-8").read()
@@ -217,9 +220,10 @@ def test_array_and_vector_feature_columns(spark):
 
 
 def test_contribution_bounding_keeps_one_row_per_person(spark):
-    # Person 0 owns 1000 rows; persons 1..20 own one row each.
+    # Person 0 owns 1000 rows (x from 0 to 99); persons 1..20 own one row each at x = 99.5, so the
+    # smallest kept x is person 0's.
     pdf = pd.DataFrame({"person": [0] * 1000 + list(range(1, 21)),
-                        "x": np.r_[np.linspace(0, 99, 1000), np.full(20, 50.0)], "y": 50.0})
+                        "x": np.r_[np.linspace(0, 99, 1000), np.full(20, 99.5)], "y": 50.0})
     df = spark.createDataFrame(pdf)
     domain = Domain(2, (0.0, 0.0), (100.0, 100.0))
     unit, _ = tables.prepare_points(df, ("x", "y"), "person", domain, "run-key-a")
@@ -231,7 +235,9 @@ def test_contribution_bounding_keeps_one_row_per_person(spark):
     for key in range(12):
         u, _ = tables.prepare_points(df, ("x", "y"), "person", domain, f"run-key-{key}")
         chosen.add(round(float(u.toPandas()["_u0"].min()), 6))
-    assert len(chosen) >= 6  # different run keys pick different rows of person 0
+    # different run keys pick different rows of person 0: 12 uniform picks among 1000 rows repeat
+    # one at most with probability > 0.99 (deterministic for these run keys)
+    assert len(chosen) >= 11
 
 
 def test_empty_table_releases_noise_only_output(spark, tmp_path):

@@ -145,7 +145,7 @@ def test_a_deferred_event_is_written_with_the_next_one_and_kept_if_that_write_fa
 def test_a_charged_run_writes_its_ledger_events_in_three_commits(spark, tmp_path, write_delta, monkeypatch):
     """set-budget: 1 commit on a new ledger; the run: the UPDATE, [started, charged, fit_started]
     (before the fit reads anything), [succeeded]. A first attempt does not read the ledger's event
-    log; its record times every step."""
+    log; its operator record times every step."""
     from dpspark.dplloyd.estimator import DPLloyd
 
     path = write_delta(points_frame(30))
@@ -161,6 +161,7 @@ def test_a_charged_run_writes_its_ledger_events_in_three_commits(spark, tmp_path
         return original(self, df, timings, operational)
 
     monkeypatch.setattr(DPLloyd, "fit", spy)
+    monkeypatch.setenv("DPSPARK_OPERATOR_LOG", str(tmp_path / "operator"))  # the timings are kept there
     assert main(["run", "--config", cfg, "--run-id", "small"], spark=spark) == 0
     assert seen["events"] == ["started", "charged", "fit_started"]
     assert _ledger_versions(spark, ledger_path) == 4
@@ -170,10 +171,9 @@ def test_a_charged_run_writes_its_ledger_events_in_three_commits(spark, tmp_path
                       ("small", 1, "succeeded", 0.0)]
     times = [e["updated_at"] for e in ledger.runs(key)]
     assert times == sorted(times) and len(set(times)) == 4
-    import json
+    from dpspark.runner import read_operator_record
 
-    record = spark.read.format("delta").load(c["output"]["path"] + "/runs").first()
-    steps = json.loads(record.non_private_operational)["timings"]
+    steps = read_operator_record(spark, "small", 1)["timings"]
     assert "privacy ledger: earlier attempts" not in steps  # a first attempt: nothing to take over
     for name in (RUNNING_ROW_STEP, "read input table (schema and version)", "privacy ledger: charge",
                  "privacy ledger: fit started", "dplloyd: fit", "write centers table"):
@@ -187,18 +187,16 @@ def test_a_charged_run_writes_its_ledger_events_in_three_commits(spark, tmp_path
     assert [e["status"] for e in ledger.runs(key) if e["run_id"] == "big"] == ["started", "refused"]
 
 
-def test_the_run_record_keeps_steps_timed_before_the_runner(spark, tmp_path, write_delta):
-    import json
-
+def test_the_run_record_keeps_steps_timed_before_the_runner(spark, tmp_path, write_delta, monkeypatch):
     from dpspark.config import load_config
-    from dpspark.runner import run
+    from dpspark.runner import read_operator_record, run
 
+    monkeypatch.setenv("DPSPARK_OPERATOR_LOG", str(tmp_path / "operator"))
     path = write_delta(points_frame(20))
     cfg, c = make_config(tmp_path, path, **{"output.report": False})
     result = run(load_config(cfg, []), spark, run_id="timed", timings={"start Spark session": 1.25})
     assert result.status == "succeeded"
-    record = spark.read.format("delta").load(c["output"]["path"] + "/runs").first()
-    steps = json.loads(record.non_private_operational)["timings"]
+    steps = read_operator_record(spark, "timed", 1)["timings"]
     assert list(steps)[0] == "start Spark session" and steps["start Spark session"] == 1.25
 
 

@@ -36,7 +36,7 @@ from dpspark.model import ClusteringModel
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.randomness import Randomness
-from dpspark.progress import log, step
+from dpspark.progress import detail, step
 
 LOCAL_LABEL = ("local randomizers: every user sends ONE epsilon-LDP report in ONE round "
                "(LOCAL guarantee: each user's total epsilon)")
@@ -226,8 +226,9 @@ class LocalDP:
         with step("ldp: weighted solver on the server (post-processing)", timings):
             centers_unit, weights, info = driver.result(randomness.public_rng("ldp-solver"))
         accountant.finish()
-        # Report counts per round are exact (NON-PRIVATE operational metadata): log and caller's dict only.
-        log.info("ldp: %d candidates, %d kept, reports per round %s", info["candidates"], info["kept"], info["reports_per_round"])
+        # Report counts per round are exact (NON-PRIVATE operational metadata): the caller's dict and a
+        # detail line (the operator's log only in an accounted run).
+        detail("ldp: %d candidates, %d kept, reports per round %s", info["candidates"], info["kept"], info["reports_per_round"])
         # Exact report counts (per round, per hash in good_centers) and thresholds made from them:
         # NON-PRIVATE operational metadata, never on the model.
         if operational is not None:

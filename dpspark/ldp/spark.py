@@ -8,8 +8,10 @@ seeds send the SAME report, which is not epsilon-LDP for the pair (for
 D = {A: x', B: x} against D' = {A: x, B: x} the probability that the two reports
 are equal changes by a factor 1 / P[R(x') = r], far above e^epsilon). So:
 
-- with ``input.privacy_unit``: the key is the person's value, after contribution
-  bounding (one row per person, so keys are distinct);
+- with ``input.privacy_unit``: the key is the person's key bytes
+  (``bounding.unit_key``: a typed, injective encoding of the unit's value, so two
+  people never share a key, whatever their ids hold), after contribution bounding
+  (one row per person, so keys are distinct);
 - without it: every row is a person, and the key is the row's unit-space point
   AND its duplicate index: the m rows with the same point are numbered 0..m-1 in
   the column ``__ldp_dup`` (``duplicate_keys``), and the executors' Python makes
@@ -42,6 +44,7 @@ dropped (their number is logged).
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime, timezone
 
 import numpy as np
@@ -49,10 +52,10 @@ import numpy as np
 from dpspark import tables
 from dpspark.ldp import client
 from dpspark.ldp.protocol import Histogram
-from dpspark.privacy.bounding import bound_contributions, unit_key
-from dpspark.progress import log
+from dpspark.privacy.bounding import bound_contributions
+from dpspark.progress import detail, log
 
-KEY = "__ldp_key"  # record key column (string) when rows are keyed by the privacy unit
+KEY = "__ldp_key"  # record key column (binary: bounding.unit_key) when rows are keyed by the privacy unit
 DUP = "__ldp_dup"  # duplicate index column (long) when rows are keyed by their content
 REPORT_SCHEMA = "sub INT, a LONG, y INT"
 
@@ -75,7 +78,7 @@ def duplicate_keys(unit_df, unit_names: list[str]):
 
 
 def record_keys(pdf, columns: list[str]) -> list:
-    """The record keys of a batch of ``keyed_points`` rows: the ``__ldp_key`` strings (privacy unit),
+    """The record keys of a batch of ``keyed_points`` rows: the ``__ldp_key`` bytes (privacy unit),
     else the (point, duplicate index) bytes of ``client.point_record_keys``."""
     return client.frame_record_keys(pdf, KEY, DUP, columns)
 
@@ -83,7 +86,7 @@ def record_keys(pdf, columns: list[str]) -> list:
 def keyed_points(df, features, privacy_unit, domain, run_key):
     """(DataFrame of unit-space ``_u0.._u{d-1}`` and the record key, feature names).
 
-    The record key is the column ``__ldp_key`` (the privacy unit's value) when
+    The record key is the binary column ``__ldp_key`` (the person's ``bounding.unit_key``) when
     ``privacy_unit`` is set, else the point with its duplicate index ``__ldp_dup``
     (``record_keys`` reads either). Keys are distinct per person (see the module
     docstring); ``run_key`` is used only by contribution bounding (through its own
@@ -96,9 +99,8 @@ def keyed_points(df, features, privacy_unit, domain, run_key):
     fcols = [f"__f{j}" for j in range(domain.dim)]
     unit_names = tables.unit_columns(domain.dim)
     if privacy_unit is not None:
-        key = unit_key(df, privacy_unit)
-        raw = df.select(key.alias(KEY), *[e.alias(c) for e, c in zip(exprs, fcols)])
-        raw = bound_contributions(raw, KEY, [KEY, *fcols], run_key)
+        raw = df.select(F.col("`" + privacy_unit.replace("`", "``") + "`"), *[e.alias(c) for e, c in zip(exprs, fcols)])
+        raw = bound_contributions(raw, privacy_unit, fcols, run_key, key_column=KEY)
     else:
         raw = df.select(*[e.alias(c) for e, c in zip(exprs, fcols)])
     cols = [F.col(c) for c in fcols]
@@ -177,7 +179,7 @@ def first_pass_runner(params, run_key: str, fractions, columns: list[str], key_c
                 out = {ROUND: np.ones(len(one), dtype=np.int32), "sub": sub.astype(np.int32),
                        "a": a.astype(np.int64), "y": y.astype(np.int32)}
                 for c in key_columns:
-                    out[c] = np.full(len(one), "", dtype=object) if c == KEY else np.zeros(len(one), dtype=np.int64)
+                    out[c] = np.full(len(one), b"", dtype=object) if c == KEY else np.zeros(len(one), dtype=np.int64)
                 for c in columns:
                     out[c] = np.zeros(len(one), dtype=np.float64)
                 yield pd.DataFrame(out)
@@ -280,7 +282,9 @@ def read_reports(spark, reports_path: str, params) -> Histogram | None:
     counted = df.groupBy("sub", "a", "y").count().withColumn("ok", F.coalesce(ok, F.lit(False))).toPandas()
     bad = int(counted.loc[~counted["ok"], "count"].sum()) if len(counted) else 0
     if bad:
-        log.warning("ldp: dropped %d malformed reports of round %d (outside the public ranges)", bad, params.round)
+        # An exact count: the operator's log only in an accounted run (dpspark.progress.detail).
+        detail("ldp: dropped %d malformed reports of round %d (outside the public ranges)", bad, params.round,
+               level=logging.WARNING)
     good = counted.loc[counted["ok"]] if len(counted) else counted
     if len(good) == 0:
         e = np.zeros(0, dtype=np.int64)

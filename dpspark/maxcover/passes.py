@@ -52,7 +52,7 @@ from dpspark.maxcover.kernels import (
     snap_aggregator,
     uncovered_filter,
 )
-from dpspark.progress import step
+from dpspark.progress import detail, step
 
 log = logging.getLogger("dpspark")
 
@@ -295,7 +295,10 @@ class SparkCoverage:
             test = _has_candidate(picks[-1]) if test is None else test & _has_candidate(picks[-1])
         if test is not None:
             rows = rows.where(test)
-        with step(f"maxcover histogram job: {label}, threshold {i + 1}, pick {len(picks) + 1}", self.timings):
+        # Runs only for a threshold whose histogram stayed on the executors (data-dependent): in an
+        # accounted run its lines are on the operator's log only.
+        with step(f"maxcover histogram job: {label}, threshold {i + 1}, pick {len(picks) + 1}", self.timings,
+                  data_dependent=True):
             parts = rows.mapInArrow(fn, "cand INT, n LONG").toPandas()
             self.counter.add_histogram_job(kind)
         ids = parts["cand"].to_numpy(dtype=np.int64)
@@ -312,7 +315,7 @@ class SparkCoverage:
         self._release_spilled()  # the previous threshold's histogram, if it stayed on the executors
         spilled, hist = self.histogram(i, covered_picks)
         if hist is None:
-            log.info(
+            detail(  # how many signatures the data has: NON-PRIVATE, the operator's log in an accounted run
                 "maxcover: threshold %d has more than max_signatures=%d distinct cover signatures; its histogram "
                 "stays on the executors and each pick runs one job over it", i + 1, self.max_signatures,
             )
