@@ -12,7 +12,7 @@ privacy budget; 1 any other failure; 128 + N when stopped by signal N (143 SIGTE
 after recording the attempt as ``killed``.
 
 ``--json`` prints ONE line of JSON on stdout at the end, for schedulers: run_id, attempt, status,
-exit_code, epsilon_spent, delta_spent, input_version, outputs, error.
+exit_code, epsilon_spent, delta_spent, input_version, outputs, error, accounting (on success: ledger or unaccounted).
 
 What the analyst sees here (stderr, stdout, ``--json``, the exit code) is a function of released
 values and public inputs: a run with a ledger is ACCOUNTED (dpspark.progress: no step durations or
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
     s = result.summary
     outcome.update(attempt=result.attempt, status=result.status, exit_code=EXIT_OK, epsilon_spent=s.get("epsilon_spent", 0.0),
                    delta_spent=s.get("delta_spent", 0.0), input_version=result.input_version,
-                   outputs=s.get("outputs"))
+                   outputs=s.get("outputs"), accounting="ledger" if config.privacy.ledger else "unaccounted")
     _print_json(as_json, outcome)
     return EXIT_OK
 
@@ -295,6 +295,10 @@ def _validate_warnings(config) -> list[str]:
                    f"privacy.budget (epsilon={b.epsilon:g}, delta={b.delta:g}): the run will be refused")
     if config.seed is not None:
         out.append(f"seed={config.seed}: the run is NOT PRIVATE (unsafe_fixed_seed)")
+    if not config.privacy.ledger:
+        from dpspark.runner import UNACCOUNTED_WARNING
+
+        out.append(UNACCOUNTED_WARNING)
     return out
 
 

@@ -16,7 +16,7 @@ import importlib
 import math
 import os
 import re
-from datetime import datetime
+from datetime import date, datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -159,14 +159,30 @@ def read_yaml(path: str) -> dict:
     return raw
 
 
-def parse_value(text: str):
-    """Parse a ``--set`` value: YAML scalars and lists; ``1,2`` is the list [1, 2]."""
+# Keys whose value is free text (a filter, a time, a path, a name): ``--set`` passes it as written, one
+# value per flag (no comma splitting, no YAML: a filter may hold commas, colons or '#', a timestamp
+# must stay a string). ``null`` or an empty value unsets the key.
+TEXT_KEYS = frozenset({
+    "input.path", "input.table", "input.where", "input.timestamp", "input.privacy_unit", "input.format",
+    "output.path", "privacy.ledger", "spark.master", "spark.app_name", "algorithm.name", "algorithm.objective",
+    "algorithm.candidate_table", "algorithm.protocol_path", "algorithm.reports_path",
+})
+
+
+def parse_value(text: str, key: str | None = None):
+    """Parse a ``--set`` value. A key of ``TEXT_KEYS`` takes the text as written (``null`` or nothing:
+    unset). Else YAML scalars and lists (``[a, b]``), ``1,2`` is the list [1, 2], and a value YAML
+    would read as a date or time stays the string written."""
     stripped = text.strip()
+    if key in TEXT_KEYS:
+        return None if stripped in ("", "null", "~") else stripped
     if "," in stripped and not stripped.startswith(("[", "{", "'", '"')):
         return [yaml.safe_load(part.strip()) if part.strip() else None for part in stripped.split(",")]
     try:
         value = yaml.safe_load(stripped) if stripped else None
     except yaml.YAMLError:
+        return stripped
+    if isinstance(value, (datetime, date)):
         return stripped
     if isinstance(value, str):
         try:
@@ -193,7 +209,7 @@ def apply_override(raw: dict, item: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(".".join(parts[: i + 1]), f"is not a section, cannot set {key!r}")
         node = child
-    node[parts[-1]] = parse_value(text)
+    node[parts[-1]] = parse_value(text, key)
 
 
 # ----------------------------------------------------------------------------

@@ -297,6 +297,8 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
     privacy_note = None if private else "NOT PRIVATE: fixed seed (testing aid)"
     if not private:
         log.warning("seed=%s: a testing aid; this run is NOT PRIVATE", randomness.seed)
+    if not config.privacy.ledger:
+        log.warning("%s", UNACCOUNTED_WARNING)
 
     # Pre-flight: nothing is written, no data is read.
     with step("pre-flight checks", timings):
@@ -446,6 +448,8 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
             # (a table's commit count can reflect per-person deletes).
             "input": {"path": table.path, "key": input_key, "format": config.input.format, "where": config.input.where},
             "ledger": _ledger_view(ledger_totals),
+            # "ledger": charged to privacy.ledger; "unaccounted": no ledger recorded what this run spent
+            "accounting": "ledger" if ledger is not None else "unaccounted",
             "randomness": randomness.describe(),
             "degenerate": degenerate,
             "outputs": _listed_outputs(paths, run_id, config.output.report),
@@ -570,6 +574,10 @@ def _phase_timings(timings: dict, algorithm: str) -> dict:
     """Wall times of the run's fixed phases (NON-PRIVATE operational metadata: they grow with n)."""
     names = (*RUNNER_STEPS[:2], f"{algorithm}: fit", *RUNNER_STEPS[2:])
     return {name: round(timings[name], 3) for name in names if name in timings}
+
+
+UNACCOUNTED_WARNING = ("privacy.ledger is not set: this run is UNACCOUNTED (no ledger records or caps what it "
+                       "spends, so nothing stops repeated runs from adding up); set privacy.ledger or $DPSPARK_LEDGER")
 
 
 def _ledger_view(totals):

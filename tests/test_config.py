@@ -50,6 +50,28 @@ def test_parse_value():
     assert parse_value("null") is None
     assert parse_value("out/run") == "out/run"
     assert parse_value("1e-6") == 1e-6
+    assert parse_value("2026-11-30 12:00:00") == "2026-11-30 12:00:00"  # not a datetime
+
+
+@pytest.mark.parametrize("item, key, want", [
+    ("input.where=day IN ('2026-11-29','2026-11-30')", "where", "day IN ('2026-11-29','2026-11-30')"),
+    ("input.where=coalesce(x, 0) > 1", "where", "coalesce(x, 0) > 1"),
+    ("input.where=x > 1 AND name = 'a: b # c'", "where", "x > 1 AND name = 'a: b # c'"),
+    ("input.timestamp=2026-11-30 12:00:00", "timestamp", "2026-11-30 12:00:00"),
+    ("input.path=data/a,b", "path", "data/a,b"),
+    ("input.where=null", "where", None),
+])
+def test_set_takes_free_text_keys_as_written(tmp_path, item, key, want):
+    """One value per --set flag for text keys: commas, colons and '#' stay in the value, and a
+    timestamp stays a string (issue 29, item 4: these were a traceback, a list, or refused)."""
+    path = tmp_path / "c.yaml"
+    raw = base()
+    raw["input"]["format"] = "delta"
+    path.write_text(__import__("yaml").safe_dump(raw))
+    cfg = load_config(str(path), [item])
+    assert getattr(cfg.input, key) == want
+    lists = load_config(str(path), ["domain.lower=1,2", "domain.upper=[3, 4]", "input.features=a,b"])
+    assert lists.domain.lower == (1.0, 2.0) and lists.domain.upper == (3.0, 4.0) and lists.input.features == ("a", "b")
 
 
 @pytest.mark.parametrize("mutate, key, words", [
