@@ -292,6 +292,11 @@ def _feature_expressions(df, features: tuple[str, ...], dim: int):
         elif type(dtype).__name__ == "VectorUDT":
             from pyspark.ml.functions import vector_to_array
 
+            size = _vector_size(fields[name].metadata)
+            if size is not None and size != dim:
+                raise SchemaError(f"feature column {name!r} holds vectors of {size} values (its ML attribute metadata, "
+                                  f"e.g. from VectorAssembler), but the domain has {dim} dimension(s): every row would be "
+                                  f"dropped as the wrong size; give {size} bounds (lower/upper, or dim with radius)")
             col = vector_to_array(F.col(name))
         else:
             raise SchemaError(f"feature column {name!r} has type {dtype.simpleString()}: it must be numeric, or an array/vector of {dim} numbers")
@@ -299,6 +304,20 @@ def _feature_expressions(df, features: tuple[str, ...], dim: int):
         return exprs, [f"{name}_{j}" for j in range(dim)]
     bad = [n for n in features if not isinstance(fields[n].dataType, T.NumericType)]
     raise SchemaError(f"feature column {bad[0]!r} has type {fields[bad[0]].dataType.simpleString()}; feature columns must be numeric")
+
+
+def _vector_size(metadata) -> int | None:
+    """The size of a vector column from its ML attribute metadata (public schema information that
+    VectorAssembler and other pyspark.ml stages write), or None when it has none. A vector column
+    without it is read as is: a row whose vector has another size than the domain is dropped."""
+    attrs = (metadata or {}).get("ml_attr") or {}
+    if isinstance(attrs.get("num_attrs"), int):
+        return int(attrs["num_attrs"])
+    groups = attrs.get("attrs")
+    if isinstance(groups, dict):
+        total = sum(len(v) for v in groups.values() if isinstance(v, list))
+        return total or None
+    return None
 
 
 def check_schema(df, features: tuple[str, ...], privacy_unit: str | None, dim: int) -> list[str]:

@@ -1,0 +1,61 @@
+"""Mistakes caught before the charge, and runs that say what they are (issue 29): a run without a
+privacy ledger says it is unaccounted (before, it exited 0 with `private: true` and said nothing);
+wrong-length bounds on an assembled vector are refused before the charge."""
+
+from __future__ import annotations
+
+import json
+
+from dpspark.cli import main
+
+from test_pipeline import make_config, points_frame, read_summary
+
+
+def test_validate_warns_that_a_run_without_a_ledger_is_unaccounted(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("DPSPARK_LEDGER", raising=False)
+    cfg, _ = make_config(tmp_path, str(tmp_path / "t"), seed=None, unsafe_fixed_seed=False)
+    assert main(["validate", "--config", cfg]) == 0
+    assert "privacy.ledger is not set: this run is UNACCOUNTED" in capsys.readouterr().err
+    with_ledger, _ = make_config(tmp_path, str(tmp_path / "t"), **{"privacy.ledger": str(tmp_path / "ledger")},
+                                 seed=None, unsafe_fixed_seed=False)
+    assert main(["validate", "--config", with_ledger]) == 0
+    assert "UNACCOUNTED" not in capsys.readouterr().err
+
+
+def test_a_run_without_a_ledger_says_unaccounted_everywhere(spark, tmp_path, write_delta, monkeypatch, capsys):
+    monkeypatch.delenv("DPSPARK_LEDGER", raising=False)
+    path = write_delta(points_frame(30))
+    cfg_path, cfg = make_config(tmp_path, path, **{"output.report": False})
+    capsys.readouterr()
+    assert main(["run", "--config", cfg_path, "--run-id", "free", "--json"], spark=spark) == 0
+    captured = capsys.readouterr()
+    assert "UNACCOUNTED" in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["accounting"] == "unaccounted"
+    assert read_summary(cfg)["accounting"] == "unaccounted"
+
+
+def test_wrong_length_bounds_on_an_assembled_vector_are_refused_before_the_charge(spark, tmp_path, write_delta):
+    """Issue 29, item 1: VectorAssembler of 3 columns with 2-dimensional bounds charged the ledger and
+    released noise (every vector of the wrong size was dropped). Its ML attribute metadata says 3."""
+    from pyspark.ml.feature import VectorAssembler
+    import pytest
+
+    from dpspark import tables
+    from dpspark.ml import DPClustering
+    from dpspark.errors import SchemaError
+    from dpspark.privacy.ledger import Ledger
+
+    frame = points_frame(30)
+    frame["z"] = frame["x"]
+    path = write_delta(frame)
+    ledger_path = str(tmp_path / "ledger")
+    key = tables.ledger_key_of(spark, path)
+    Ledger(spark, ledger_path).set_budget(key, 5.0, 0.0)
+    df = spark.read.format("delta").load(path)
+    assembled = VectorAssembler(inputCols=["x", "y", "z"], outputCol="features", handleInvalid="skip").transform(df)
+    est = DPClustering(k=2, epsilon=1.0, lower=[0, 0], upper=[100, 100], featuresCol="features", algorithm="dplloyd",
+                       ledgerPath=ledger_path, ledgerInput=path)
+    with pytest.raises(SchemaError, match=r"'features' holds vectors of 3 values .* domain has 2 dimension"):
+        est.fit(assembled)
+    assert Ledger(spark, ledger_path).totals(key).spent_epsilon == 0.0
+    assert tables.check_schema(assembled, ("features",), None, 3) == ["features_0", "features_1", "features_2"]
