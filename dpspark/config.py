@@ -433,6 +433,12 @@ def validate(raw: dict) -> Config:
             raise ConfigError(f"spark.conf.{name}", "changes how Spark evaluates expressions or fails a job on the size "
                                                    "of a collected result: after the charge, success or failure could "
                                                    "then depend on a record; the deployment may set it, a job config may not")
+        if not (str(name) in _SPARK_JOB_KEYS or any(str(name).startswith(p) for p in _SPARK_JOB_PREFIXES)):
+            raise ConfigError(f"spark.conf.{name}", "is not a setting a job config may choose (the analyst's config may "
+                                                   "only tune parallelism; event logs, listeners, progress bars, memory "
+                                                   "and result-size limits could show or turn into data-dependent "
+                                                   "numbers): pass it to spark-submit in the deployment. Allowed: "
+                                                   f"{sorted(_SPARK_JOB_KEYS)} and {list(_SPARK_JOB_PREFIXES)}")
     spark_cfg = SparkConfig(
         master=sp.string("master"),
         app_name=sp.string("app_name", "dpspark"),
@@ -463,6 +469,18 @@ _SPARK_CODE_KEYS = ("spark.jars", "spark.driver.extraJavaOptions", "spark.execut
 # either could make an attempt fail after its charge because of one record.
 _SPARK_SEMANTICS_KEYS = ("spark.sql.legacy.", "spark.sql.ansi.", "spark.driver.maxResultSize",
                          "spark.sql.storeAssignmentPolicy", "spark.sql.timestampType")
+
+# What a job config may set in spark.conf: parallelism and scheduling only (an allowlist). Everything
+# else is the deployment's: event logs and listeners hold per-operator row counts, the console
+# progress bar shows which jobs ran, and memory or size limits would let a config pick a threshold
+# at which a run fails depending on the data.
+_SPARK_JOB_KEYS = frozenset({
+    "spark.sql.shuffle.partitions", "spark.default.parallelism", "spark.ui.enabled", "spark.ui.port",
+    "spark.sql.execution.arrow.maxRecordsPerBatch", "spark.sql.files.maxPartitionBytes", "spark.executor.cores",
+    "spark.executor.instances", "spark.cores.max", "spark.task.cpus", "spark.locality.wait", "spark.scheduler.mode",
+    "spark.databricks.delta.snapshotPartitions",
+})
+_SPARK_JOB_PREFIXES = ("spark.sql.adaptive.",)
 
 LEDGER_ENV = "DPSPARK_LEDGER"
 

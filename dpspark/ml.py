@@ -342,6 +342,7 @@ def _fit_conf(spark):
 
 
 _MISSING = re.compile(r"No module named '([^']+)'")
+_EXECUTOR_MODULES = ("numpy", "pandas", "pyarrow", "dpspark")
 
 
 def _executor_error(module: str, executable: str | None = None) -> DPSparkError:
@@ -505,12 +506,14 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                     ledger.mark(input_key, run_id, "fit_started", attempt=1, guarantee=guarantee)
                 record["fit_started"] = True
                 try:
-                    with step(f"{name}: fit", timings):
+                    with step(f"{name}: fit", timings, hide_inside=True):
                         result = family.fit(dataset, timings=timings, operational=notes["operational"])
                 except Exception as exc:
+                    # Only a module dpspark's executors need is named (the text of an error raised
+                    # during the fit is not the analyst's: it could quote a value).
                     found = _MISSING.search(str(exc))
-                    if found:
-                        raise _executor_error(found.group(1)) from exc
+                    if found and found.group(1).split(".")[0] in _EXECUTOR_MODULES:
+                        raise _executor_error(found.group(1).split(".")[0]) from None
                     raise
                 if not (np.isclose(result.epsilon_spent, plan_eps, rtol=1e-9, atol=1e-12)
                         and np.isclose(result.delta_spent, plan_delta, rtol=1e-9, atol=1e-15)):

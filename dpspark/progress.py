@@ -48,6 +48,23 @@ OPERATOR_LOG_ENV = "DPSPARK_OPERATOR_LOG"  # set by the deployment only: never a
 
 _lock = threading.Lock()
 _accounted = 0  # number of accounted runs or fits under way
+_hidden = 0  # number of fits under way whose inner lines are the operator's (step(..., hide_inside=True))
+
+
+class _InsideTheFit(logging.Filter):
+    """On the ``dpspark`` logger: in an accounted run, while a fit is under way, INFO lines (the
+    passes' step lines and every other progress line) go to the operator's log only. Their values
+    may be public, but their timestamps give each pass's duration, and which passes run (a
+    fallback, a shrunk set) depends on the data. Warnings still reach the analyst."""
+
+    def filter(self, record):
+        if _hidden > 0 and _accounted > 0 and record.levelno < logging.WARNING:
+            operator_log.handle(record)
+            return False
+        return True
+
+
+log.addFilter(_InsideTheFit())
 
 
 def configure_logging(level: int = logging.INFO, stream=None) -> None:
@@ -130,18 +147,27 @@ def log_trouble(message: str, *args) -> None:
 
 
 @contextlib.contextmanager
-def step(name: str, timings: dict | None = None, data_dependent: bool = False):
+def step(name: str, timings: dict | None = None, data_dependent: bool = False, hide_inside: bool = False):
     """Log ``name`` and its duration; record the duration in ``timings`` if given.
 
     In an accounted run the duration goes to the operator's log only, and a ``data_dependent`` step (one
-    that runs or not depending on the data) is not on the analyst's log at all."""
+    that runs or not depending on the data) is not on the analyst's log at all. ``hide_inside`` (the
+    fit): in an accounted run every INFO line logged while inside goes to the operator's log only
+    (``_InsideTheFit``); the step's own two lines stay (the whole fit's time is the analyst's anyway)."""
+    global _hidden
     quiet = is_accounted()
     shown = operator_log if quiet and data_dependent else log
     start = time.perf_counter()
     shown.info("%s ...", name)
+    if hide_inside:
+        with _lock:
+            _hidden += 1
     try:
         yield
     finally:
+        if hide_inside:
+            with _lock:
+                _hidden -= 1
         seconds = time.perf_counter() - start
         if quiet:
             if shown is log:

@@ -419,7 +419,7 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
                 ledger.mark(input_key, run_id, "fit_started", attempt=attempt, guarantee=guarantee)
         record["fit_started"] = True
         operational = notes["operational"]
-        with step(f"{config.algorithm.name}: fit", timings):
+        with step(f"{config.algorithm.name}: fit", timings, hide_inside=True):
             model = estimator.fit(table.df, timings=timings, operational=operational)
         if not (math.isclose(model.epsilon_spent, plan_eps, rel_tol=1e-9, abs_tol=1e-12)
                 and math.isclose(model.delta_spent, plan_delta, rel_tol=1e-9, abs_tol=1e-15)):

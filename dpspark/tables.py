@@ -297,7 +297,8 @@ def _feature_expressions(df, features: tuple[str, ...], dim: int):
                 raise SchemaError(f"feature column {name!r} holds vectors of {size} values (its ML attribute metadata, "
                                   f"e.g. from VectorAssembler), but the domain has {dim} dimension(s): every row would be "
                                   f"dropped as the wrong size; give {size} bounds (lower/upper, or dim with radius)")
-            col = vector_to_array(F.col(name))
+            # vector_to_array raises on a null vector: only non-null rows reach it (a null row is dropped)
+            col = F.when(F.col(name).isNotNull(), vector_to_array(F.col(name)))
         else:
             raise SchemaError(f"feature column {name!r} has type {dtype.simpleString()}: it must be numeric, or an array/vector of {dim} numbers")
         exprs = [F.when(F.size(col) == dim, F.get(col, j)).cast("double") for j in range(dim)]

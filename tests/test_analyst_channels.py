@@ -66,10 +66,12 @@ def test_a_ledgered_run_shows_the_analyst_no_operational_numbers(spark, tmp_path
     assert "maxcover: fit ..." in captured.err and "maxcover: fit done" in captured.err
     assert "done in" not in captured.err and "max_signatures" not in captured.err
     assert "histogram job" not in captured.err and "running row was written" not in captured.err
+    # nothing logged inside the fit (its timestamps would time each pass): only the fit's own two lines
+    assert "maxcover pass" not in captured.err and "maxcover: " not in captured.err.replace("maxcover: fit", "")
     # the --json line: the outcome and the charge only
     outcome = _json_line(captured.out)
     assert set(outcome) == {"run_id", "attempt", "status", "exit_code", "epsilon_spent", "delta_spent",
-                            "input_version", "outputs", "error"}
+                            "input_version", "outputs", "error", "accounting"}
     assert outcome["status"] == "succeeded" and outcome["error"] is None
     # runs/: the column is still there (old readers) and null
     row = spark.read.format("delta").load(out + "/runs").first()
@@ -88,6 +90,7 @@ def test_a_ledgered_run_shows_the_analyst_no_operational_numbers(spark, tmp_path
     assert ops["spark_passes"] >= 2 and ops["fallback_thresholds"] and ops["histogram_sizes"]
     log = "\n".join(record["log"])
     assert "maxcover: fit done in" in log and "max_signatures=1" in log and "histogram job" in log
+    assert "maxcover pass" in log
     assert Ledger(spark, ledger_path).totals(key).spent_epsilon == pytest.approx(1.0)
 
 

@@ -106,9 +106,10 @@ def test_identical_rows_get_distinct_keys_whatever_the_partitioning(spark):
     first = collect_keys(ldp_spark.keyed_points(spark.createDataFrame(pdf), ("x", "y"), None, DOMAIN, run_key)[0])
     shuffled = spark.createDataFrame(pdf.sample(frac=1.0, random_state=3)).repartition(3)
     second = collect_keys(ldp_spark.keyed_points(shuffled, ("x", "y"), None, DOMAIN, run_key)[0])
-    # One key per valid row (the NaN row is dropped), all distinct, the same (key, point)
-    # pairs whatever the order and partitioning (so a retried task re-sends the same reports).
-    assert len(first) == len(rows) - 1
+    # One key per row (the NaN row reports from the domain's center: the number of reports must not
+    # depend on values), all distinct, the same (key, point) pairs whatever the order and
+    # partitioning (so a retried task re-sends the same reports).
+    assert len(first) == len(rows)
     assert sorted(first.columns) == sorted([ldp_spark.DUP, *UNIT2])  # no key string made in the JVM
     keys = ldp_spark.record_keys(first, UNIT2)
     assert len(set(keys)) == len(keys) and {len(k) for k in keys} == {24}
@@ -117,8 +118,8 @@ def test_identical_rows_get_distinct_keys_whatever_the_partitioning(spark):
     # Rows with the same point are numbered 0..m-1 (0.0 and -0.0 are the same point).
     content = pd.Series([k[:16] for k in keys])
     index = first[ldp_spark.DUP]
-    assert sorted(index.groupby(content).max().add(1).tolist()) == [1, 2, 3, 5]
-    assert sorted(index.groupby(content).apply(lambda s: sorted(s) == list(range(len(s)))).tolist()) == [True] * 4
+    assert sorted(index.groupby(content).max().add(1).tolist()) == [1, 1, 2, 3, 5]
+    assert sorted(index.groupby(content).apply(lambda s: sorted(s) == list(range(len(s)))).tolist()) == [True] * 5
     # The old, content-only keying gives these rows repeated keys: the check above catches it.
     assert not content.is_unique
 

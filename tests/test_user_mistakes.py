@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dpspark.cli import main
 
 from test_pipeline import make_config, points_frame, read_summary
@@ -59,3 +61,43 @@ def test_wrong_length_bounds_on_an_assembled_vector_are_refused_before_the_charg
         est.fit(assembled)
     assert Ledger(spark, ledger_path).totals(key).spent_epsilon == 0.0
     assert tables.check_schema(assembled, ("features",), None, 3) == ["features_0", "features_1", "features_2"]
+
+
+@pytest.mark.parametrize("ansi", ["true", "false"])
+def test_a_null_vector_row_is_dropped_not_a_failure_after_the_charge(spark, ansi):
+    """vector_to_array raises on a null vector ("requires a non-null input"): one record with a null
+    features vector failed the fit after the charge. It is now dropped like any invalid row."""
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql.types import StructField, StructType
+
+    from dpspark import tables
+    from dpspark.privacy.domain import Domain
+
+    schema = StructType([StructField("features", VectorUDT(), True)])
+    df = spark.createDataFrame([(Vectors.dense([10.0, 20.0]),), (None,), (Vectors.dense([30.0, 40.0]),),
+                                (Vectors.dense([1.0, 2.0, 3.0]),)], schema)
+    saved = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", ansi)
+    try:
+        unit, names = tables.prepare_points(df, ("features",), None, Domain(2, (0.0, 0.0), (100.0, 100.0)), "k" * 64)
+        rows = unit.collect()
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", saved)
+    assert names == ["features_0", "features_1"] and len(rows) == 2  # the null and the wrong-size rows dropped
+
+
+def test_the_signature_histogram_never_outgrows_the_result_size_limit():
+    """A collected histogram over spark.driver.maxResultSize failed the run after its charge exactly
+    when the data had enough distinct signatures; max_signatures is lowered from public values."""
+    from types import SimpleNamespace
+
+    from dpspark.maxcover.estimator import signatures_within_result_limit
+
+    def session(limit):
+        return SimpleNamespace(conf=SimpleNamespace(get=lambda key, default=None: limit))
+
+    assert signatures_within_result_limit(session("1g"), 2_000_000, 1_000) == 2_000_000  # 2e6 x 157 B < 512 MiB
+    lowered = signatures_within_result_limit(session("1g"), 2_000_000, 10_000)  # 1,282 key bytes a row
+    assert 0 < lowered < 2_000_000 and (lowered + 2) * (10_000 // 8 + 32) <= (1 << 30) // 2
+    assert signatures_within_result_limit(session("0"), 2_000_000, 10_000) == 2_000_000  # unlimited
+    assert signatures_within_result_limit(session("1m"), 10, 10**9) == 1  # never below one

@@ -290,3 +290,16 @@ def test_a_config_cannot_change_how_expressions_evaluate(key):
     with pytest.raises(ConfigError, match=rf"spark.conf.{key}"):
         validate(raw)
     assert validate(config("/t", None, spark={"conf": {"spark.sql.shuffle.partitions": "4"}})).spark.conf
+
+
+@pytest.mark.parametrize("key", ["spark.eventLog.enabled", "spark.eventLog.dir", "spark.ui.showConsoleProgress",
+                                 "spark.extraListeners", "spark.sql.queryExecutionListeners", "spark.driver.memory",
+                                 "spark.executor.pyspark.memory", "spark.kryoserializer.buffer.max"])
+def test_a_config_may_only_tune_parallelism(key):
+    """Event logs (per-operator row counts) under output.path, listeners, the console progress bar
+    (which jobs ran) and memory or size limits (a data-dependent failure threshold) are the
+    deployment's: spark.conf in a job config is an allowlist."""
+    with pytest.raises(ConfigError, match=rf"spark.conf.{key}.*not a setting a job config may choose"):
+        validate(config("/t", None, spark={"conf": {key: "1"}}))
+    ok = validate(config("/t", None, spark={"conf": {"spark.sql.adaptive.enabled": "true", "spark.ui.enabled": "false"}}))
+    assert dict(ok.spark.conf)["spark.sql.adaptive.enabled"] == "true"

@@ -108,10 +108,13 @@ def keyed_points(df, features, privacy_unit, domain, run_key):
     for c in cols:
         ok = c.isNotNull() & ~F.isnan(c) & (F.abs(c) != F.lit(float("inf")))
         valid = ok if valid is None else valid & ok
-    unit_exprs = [e.alias(n) for e, n in zip(domain.unit_columns(cols), unit_names)]
+    # A row with a missing, NaN or infinite feature still reports, from the public point 0 of unit
+    # space (the domain's center): in the local model the number of reports is used as public, so it
+    # must not depend on record values (dropping such rows would make it a statistic of them).
+    unit_exprs = [F.when(valid, e).otherwise(F.lit(0.0)).alias(n) for e, n in zip(domain.unit_columns(cols), unit_names)]
     if privacy_unit is not None:
-        return raw.where(valid).select(F.col(KEY), *unit_exprs), names
-    return duplicate_keys(raw.where(valid).select(*unit_exprs), unit_names), names
+        return raw.select(F.col(KEY), *unit_exprs), names
+    return duplicate_keys(raw.select(*unit_exprs), unit_names), names
 
 
 client_seeds = client.client_seeds  # lives in the numpy-only client: executors import only that module

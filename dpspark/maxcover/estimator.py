@@ -233,7 +233,8 @@ class MaxCover:
             ts = core.thresholds(self.domain.unit_diameter, p, n_cand, params.coverage_approx, params.n_upper)
             m = core.picks_per_threshold(self.k, params.coverage_approx)
             log.info("maxcover: %d candidates, %d thresholds, %d picks per threshold", n_cand, ts.size, min(m, n_cand))
-            provider = SparkCoverage(cached, columns, cand_unit, ts, p, params.max_signatures, counter, timings)
+            max_signatures = signatures_within_result_limit(df.sparkSession, params.max_signatures, n_cand)
+            provider = SparkCoverage(cached, columns, cand_unit, ts, p, max_signatures, counter, timings)
             eps_cov, delta_cov = budget["coverage"]
             picks = core.run_coverage(provider, n_cand, ts, m, accountant, eps_cov, delta_cov)
             chosen = core.chosen_candidate_ids(picks)
@@ -271,3 +272,30 @@ class MaxCover:
                 "randomness": randomness.describe(),
             },
         )
+
+
+def _bytes(text: str) -> int:
+    """Spark's size strings ("1g", "512m", "0", "1024") in bytes; 0 means unlimited."""
+    text = str(text).strip().lower().rstrip("b")
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(float(text))
+
+
+def signatures_within_result_limit(spark, max_signatures: int, n_candidates: int) -> int:
+    """``max_signatures``, lowered so that the largest histogram the driver may collect (``max_signatures
+    + 2`` rows of ceil(|V| / 8) key bytes plus a count) stays well inside ``spark.driver.maxResultSize``:
+    a collect over that limit would fail the run after its charge, depending on how many distinct
+    signatures the data has. Public: the config, |V| and the deployment's setting, never the data;
+    a threshold with more signatures keeps its histogram on the executors, as it always could."""
+    try:
+        limit = _bytes(spark.conf.get("spark.driver.maxResultSize", "1g"))
+    except Exception:
+        limit = 1 << 30
+    if limit <= 0:
+        return int(max_signatures)
+    row_bytes = (int(n_candidates) + 7) // 8 + 32  # key bytes, the count, Arrow's offsets and slack
+    fits = int(limit * 0.5) // row_bytes - 2
+    return int(max(1, min(int(max_signatures), fits)))
+
