@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     setb.add_argument("--ledger", required=True, help="path of the ledger Delta table (created if missing)")
     setb.add_argument("--input", required=True, help="the input table's path (any spelling)")
     setb.add_argument("--epsilon", required=True, type=float, help="the cap on the total epsilon (> 0)")
-    setb.add_argument("--delta", required=True, type=float, help="the cap on the total delta, in [0, 1)")
+    setb.add_argument("--delta", default=0.0, type=float, help="the cap on the total delta, in [0, 1) (default 0)")
     setb.add_argument("--guarantee", default="central", choices=("central", "local"),
                       help="which total the cap is for: central DP runs (default) or local DP (ldp) runs")
     setb.add_argument("--note", default=None, help="why (recorded with the event)")

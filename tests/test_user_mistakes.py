@@ -101,3 +101,22 @@ def test_the_signature_histogram_never_outgrows_the_result_size_limit():
     assert 0 < lowered < 2_000_000 and (lowered + 2) * (10_000 // 8 + 32) <= (1 << 30) // 2
     assert signatures_within_result_limit(session("0"), 2_000_000, 10_000) == 2_000_000  # unlimited
     assert signatures_within_result_limit(session("1m"), 10, 10**9) == 1  # never below one
+
+
+def test_set_budget_needs_no_delta_and_a_refusal_says_what_remains(spark, tmp_path, write_delta, capsys):
+    """Issue 29, item 6: `set-budget` required --delta (pure-DP budgets have none), and a refused run
+    did not say what was left."""
+    from dpspark import tables
+    from dpspark.privacy.ledger import Ledger
+
+    path = write_delta(points_frame(30))
+    ledger_path = str(tmp_path / "ledger")
+    assert main(["ledger", "set-budget", "--ledger", ledger_path, "--input", path, "--epsilon", "1.5"], spark=spark) == 0
+    key = tables.ledger_key_of(spark, path)
+    assert Ledger(spark, ledger_path).totals(key).budget_delta == 0.0
+    cfg, _ = make_config(tmp_path, path, **{"privacy.ledger": ledger_path, "output.report": False},
+                         seed=None, unsafe_fixed_seed=False)
+    assert main(["run", "--config", cfg, "--run-id", "one"], spark=spark) == 0
+    capsys.readouterr()
+    assert main(["run", "--config", cfg, "--run-id", "two"], spark=spark) == 3
+    assert "so epsilon=0.5, delta=0 remain" in capsys.readouterr().err

@@ -364,7 +364,9 @@ class Ledger:
             raise BudgetRefused(
                 f"privacy budget refused for input {input_seen or input_key!r}: this run needs epsilon={epsilon:g}, "
                 f"delta={delta:g} ({guarantee}); already spent epsilon={totals.spent_epsilon:g}, delta={totals.spent_delta:g} "
-                f"of the budget epsilon={totals.budget_epsilon:g}, delta={(totals.budget_delta or 0.0):g} (ledger {self.path})"
+                f"of the budget epsilon={totals.budget_epsilon:g}, delta={(totals.budget_delta or 0.0):g}, so "
+                f"epsilon={max(0.0, totals.budget_epsilon - totals.spent_epsilon):g}, "
+                f"delta={max(0.0, (totals.budget_delta or 0.0) - totals.spent_delta):g} remain (ledger {self.path})"
             )
         charged_event = dict(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm,
                              epsilon=float(epsilon), delta=float(delta), status="charged", guarantee=guarantee,
