@@ -309,6 +309,9 @@ def reset_py4j_connection(spark=None) -> None:
                                            traceback.format_exc())
 
 
+ACCOUNTED_SPARK_LOG_ENV = "DPSPARK_ACCOUNTED_SPARK_LOG"
+
+
 @contextlib.contextmanager
 def quiet_spark_logs(spark, on: bool = True):
     """Spark's own log lines OFF in the driver's JVM while ``on`` (an accounted run or fit), then back.
@@ -319,13 +322,16 @@ def quiet_spark_logs(spark, on: bool = True):
     docs/privacy.md, "Threat model"), so this is defence in depth: in an accounted run the analyst's
     stderr carries no Spark log line; the error's details go to the operator log through the runner.
     Restored on exit; a no-op without a classic session (Spark Connect: the server keeps its log).
+    A deployment whose driver log the analyst cannot read may keep Spark's lines with
+    ``$DPSPARK_ACCOUNTED_SPARK_LOG`` (a log4j level, e.g. WARN, or KEEP for the session's level).
     """
     manager = None
-    if on:
+    level = os.environ.get(ACCOUNTED_SPARK_LOG_ENV, "OFF")  # the deployment's, never a config's
+    if on and level.upper() != "KEEP":
         try:
             manager = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager
             before = str(manager.getRootLogger().getLevel().toString())
-            spark.sparkContext.setLogLevel("OFF")
+            spark.sparkContext.setLogLevel(level)
         except Exception:
             manager = None
     try:

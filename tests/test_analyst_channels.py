@@ -344,7 +344,8 @@ def test_spark_task_failure_lines_do_not_reach_an_accounted_runs_stderr(spark, t
     script = FAILING_TASK_RUN if quiet else FAILING_TASK_RUN.replace(
         "DPLloyd.fit = failing_task", "DPLloyd.fit = failing_task\nimport contextlib, dpspark.runner as r\n"
         "r.quiet_spark_logs = lambda spark, on=True: contextlib.nullcontext()")
-    env = {k: v for k, v in os.environ.items() if k not in ("DPSPARK_LEDGER", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DPSPARK_LEDGER", "DPSPARK_ACCOUNTED_SPARK_LOG", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET")}
     env.update(DPSPARK_OPERATOR_LOG=str(tmp_path / "operator"), DPSPARK_SMALL_JOB="1")
     done = subprocess.run([sys.executable, "-c", script, cfg, SECRET], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=600)
