@@ -308,10 +308,13 @@ def test_cron_line_with_sigterm_mid_fit_then_the_retry(spark, tmp_path):
     proc = subprocess.Popen(["bash", "-c", command], env=env)  # exec: proc.pid is dpspark itself
     try:
         deadline = time.time() + 240
-        while "dplloyd iteration 2/" not in (log.read_text() if log.exists() else ""):
+        # An accounted run logs no line inside its fit (docs/privacy.md): its start line, then a
+        # moment into its 30 iterations.
+        while "dplloyd: fit ..." not in (log.read_text() if log.exists() else ""):
             assert proc.poll() is None, log.read_text()
             assert time.time() < deadline, "the fit never started"
             time.sleep(0.3)
+        time.sleep(2.0)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=180) == 143, log.read_text()
     finally:
