@@ -203,6 +203,8 @@ def _check_transformation(node, short: str, children, ledger_input: str) -> None
     """A plan node between the scan and the fit: row-wise, with total expressions (see ``_ROW_WISE``)."""
     from dpspark import rowfilter
 
+    if short == "Sample" and bool(node.withReplacement()):  # a row drawn several times: several rows of one record
+        short = "Sample with replacement"
     if short not in _ROW_WISE:
         raise LineageError(f"the DataFrame's plan has a {short} step: " + _ROW_WISE_WHY.format(what=short)
                            + _ROW_WISE_HOW.format(path=ledger_input))

@@ -286,6 +286,7 @@ def test_steps_that_multiply_rows_or_can_raise_are_refused(spark, setup):
         "Multiply": df.withColumn("y", F.col("y") * 2),
         "Divide": df.withColumn("y", F.col("y") / F.col("x")),
         "MapInPandas": df.mapInPandas(lambda it: it, df.schema),
+        "Sample with replacement": df.sample(withReplacement=True, fraction=2.0, seed=1),
     }
     for what, dataset in cases.items():
         with pytest.raises(lineage.LineageError, match=what):
