@@ -2,7 +2,9 @@
 
 - ``ConfigError``: invalid config or arguments (exit 2), raised before Spark starts.
 - ``BudgetRefused``: the privacy ledger refuses the run (exit 3).
-- ``SchemaError`` and every other ``DPSparkError``: any other failure (exit 1).
+- ``ColumnError``: the config names a column the input table lacks, or one of the wrong type or
+  size (exit 2, like any config mistake; also a ``SchemaError`` for callers that catch that).
+- ``SchemaError`` and every other ``DPSparkError``: any other failure (exit 1), e.g. a missing table.
 - ``RunFailed``: an error that is not dpspark's own, raised once a fit had started (exit 1): it
   names the error's type only (see ``for_the_analyst``).
 """
@@ -31,9 +33,22 @@ class BudgetRefused(DPSparkError):
 
 
 class SchemaError(DPSparkError):
-    """The input table is missing, or a feature column is missing or not numeric."""
+    """The input table (or its requested version) is missing or cannot be read as configured."""
 
     exit_code = 1
+
+
+class ColumnError(ConfigError, SchemaError):
+    """A config key names a column the input lacks, or one of the wrong type or size (exit 2).
+
+    Found once the table's schema is read (after Spark starts, before any charge). The message
+    names the key, the column and what the table has; it is kept as written (no prefix)."""
+
+    exit_code = 2
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        DPSparkError.__init__(self, message)
 
 
 class PrivacyAccountingError(DPSparkError):

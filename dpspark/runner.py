@@ -12,7 +12,8 @@
     -> fit the family's estimator (reads the data; every noisy release is charged)
     -> write centers/, report.png, runs/ and, last, summary.json and summary/<run_id>.json
 
-Statuses of an attempt in ``runs/``: running, then succeeded, failed, refused, killed (SIGTERM or
+Statuses of an attempt in ``runs/``: running, then succeeded, failed, invalid_config (a config key
+naming a column the table lacks, or a bad row filter: exit 2), refused, killed (SIGTERM or
 SIGINT: the command line turns the signal into ``RunKilled``), or awaiting (ldp ingest mode, nothing
 charged). A failure leaves no centers and no summary.json (a stale one from an earlier run is
 removed when an attempt starts): rows this attempt wrote are removed, the attempt is recorded with
@@ -104,8 +105,13 @@ def output_paths(output_path: str) -> dict:
 
 
 def run_summary_path(paths: dict, run_id: str) -> str:
-    """Per-run copy of summary.json: ``summary/<run_id>.json`` beside it."""
+    """The latest successful release of one run id: ``summary/<run_id>.json`` beside summary.json."""
     return paths["summary"][: -len("summary.json")] + f"summary/{run_id}.json"
+
+
+def attempt_summary_path(paths: dict, run_id: str, attempt: int) -> str:
+    """One attempt's release, never overwritten: ``summary/<run_id>/<attempt>.json``."""
+    return paths["summary"][: -len("summary.json")] + f"summary/{run_id}/{int(attempt)}.json"
 
 
 def _now():
@@ -133,7 +139,7 @@ def _reusable_charge(ledger, input_key: str, run_id: str, plan: tuple, guarantee
     charge = max(charges, key=lambda e: int(e["attempt"]))
     attempt = int(charge["attempt"])
     mine = {e["status"] for e in events if e.get("attempt") == attempt}
-    if "fit_started" in mine or not mine & {"failed", "killed"}:
+    if "fit_started" in mine or not mine & {"failed", "killed", "invalid_config"}:
         return None
     same = (math.isclose(charge["epsilon"], plan[0], rel_tol=1e-12)
             and math.isclose(charge["delta"], plan[1], rel_tol=1e-12, abs_tol=1e-300)
@@ -311,6 +317,8 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
         earlier = tables.read_attempts(spark, paths["runs"], run_id)
 
     done = [a for a in earlier if a.get("status") == "succeeded"]
+    if earlier:
+        _warn_if_config_changed(config, earlier[-1], run_id)
     if done and not force:
         last = done[-1]
         log.info("run %s already succeeded (attempt %s): nothing charged, nothing released; --force makes a new release",
@@ -318,7 +326,8 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
         summary = {"run_id": run_id, "status": "already_succeeded", "attempt": last["attempt"],
                    "algorithm": last.get("algorithm"), "epsilon_spent": 0.0, "delta_spent": 0.0,
                    "input": {"path": last.get("input_path"), "version": last.get("input_version")},
-                   "outputs": {"summary": run_summary_path(paths, run_id), "centers": paths["centers"]}}
+                   "outputs": {"summary": attempt_summary_path(paths, run_id, last["attempt"]),
+                               "run_summary": run_summary_path(paths, run_id), "centers": paths["centers"]}}
         return RunResult(run_id=run_id, status="already_succeeded", summary=summary, outputs=paths,
                          attempt=int(last["attempt"]), input_version=last.get("input_version"))
     attempt = max((int(a["attempt"]) for a in earlier), default=0) + 1
@@ -338,8 +347,8 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
     }
     notes.update(attempt=attempt, record=record)
     _warm_python_workers(spark)  # in a thread: public rows only
-    # A new attempt: the previous summary.json must not be read as this run's result.
-    tables.delete_file(spark, paths["summary"])
+    # summary.json stays the latest SUCCESSFUL release (its run_id and attempt say which) until this
+    # attempt succeeds; the --json line and runs/ say how this attempt ended.
     # The ``running`` row is operational (the ledger, not runs/, decides about charges): it is written
     # in a thread while the input is opened and the ledger charged (a Delta commit, seconds in a cold
     # JVM). Settled (waited for, its error raised) before the fit when there is a ledger, so that an
@@ -444,15 +453,15 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
             "feature_names": model.feature_names, "charges": model.charges,
             "charge_reused_from": record["charge_reused_from"],
             "parameters": model.parameters,
-            # The Delta version read is in runs/ and the --json line, not in the published summary
-            # (a table's commit count can reflect per-person deletes).
-            "input": {"path": table.path, "key": input_key, "format": config.input.format, "where": config.input.where},
+            # The Delta version read: table metadata the analyst also sees in runs/ and --json (docs/privacy.md)
+            "input": {"path": table.path, "key": input_key, "format": config.input.format, "where": config.input.where,
+                      "version": table.version},
             "ledger": _ledger_view(ledger_totals),
             # "ledger": charged to privacy.ledger; "unaccounted": no ledger recorded what this run spent
             "accounting": "ledger" if ledger is not None else "unaccounted",
             "randomness": randomness.describe(),
             "degenerate": degenerate,
-            "outputs": _listed_outputs(paths, run_id, config.output.report),
+            "outputs": _listed_outputs(paths, run_id, attempt, config.output.report),
         }
         if diagnostics is not None:
             summary["non_private_diagnostics"] = {k: v for k, v in diagnostics.items() if k != "data_sample"}
@@ -460,14 +469,14 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
         # the JVM), unless it draws the step timings (diagnostics), which include that write.
         drawing = None
         if config.output.report and diagnostics is None:
-            drawing = _Background(_render_report, _report_info(summary, timings, diagnostics, config))
+            drawing = _Background(_render_report, _report_info(summary, timings, diagnostics, config, table.version))
         with step("write centers table", timings):
             tables.write_centers(spark, paths["centers"], run_id, model.feature_names, model.centers,
-                                 model.noisy_weights, private=private)
+                                 model.noisy_weights, private=private, attempt=attempt)
         if config.output.report:
             with step("write report.png", timings):
                 png, page = (drawing.result() if drawing is not None
-                             else _render_report(_report_info(summary, timings, diagnostics, config)))
+                             else _render_report(_report_info(summary, timings, diagnostics, config, table.version)))
                 tables.write_bytes(spark, paths["report"], png)
                 tables.write_bytes(spark, paths["report_html"], page)
         if diagnostics is not None:
@@ -475,22 +484,24 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
         record.update(status="succeeded", ended_at=_now())
         with step("write runs table and summary.json", timings):
             tables.write_run_record(spark, paths["runs"], record)
+            # this attempt's own copy first (never overwritten), then the run id's and the latest release
+            tables.write_json(spark, attempt_summary_path(paths, run_id, attempt), summary)
             tables.write_json(spark, run_summary_path(paths, run_id), summary)
             tables.write_json(spark, paths["summary"], summary)
     except _Recorded:
         raise  # run() hands the analyst its error
     except BaseException as exc:
         killed = isinstance(exc, RunKilled)
-        log.error("run %s attempt %d %s: %s", run_id, attempt, "killed" if killed else "failed",
-                  _error_text(exc, record["fit_started"]))
-        operator_log.error("run %s attempt %d %s", run_id, attempt, "killed" if killed else "failed", exc_info=exc)
+        status = end_status(exc)
+        log.error("run %s attempt %d %s: %s", run_id, attempt, status, _error_text(exc, record["fit_started"]))
+        operator_log.error("run %s attempt %d %s", run_id, attempt, status, exc_info=exc)
         if killed:
             reset_py4j_connection(spark)
             _cancel_jobs(spark)  # the running row's write too, if it is still under way
         _settle(running_row, timings, quiet=True)  # the thread's row lands (or fails) before the end is written over it
         if wrote_outputs:
-            _cleanup(spark, paths, run_id)
-        record.update(status="killed" if killed else "failed", ended_at=_now(), error=_error_text(exc, record["fit_started"]))
+            _cleanup(spark, paths, run_id, attempt, config.output.report)
+        record.update(status=status, ended_at=_now(), error=_error_text(exc, record["fit_started"]))
         try:
             _record_end(spark, paths, record, ledger, config, run_id, attempt, guarantee, input_key)
         except Exception:  # recording the failure must not hide the failure
@@ -501,6 +512,15 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
             ledger.mark(input_key, run_id, "succeeded", attempt=attempt, guarantee=guarantee)
     return RunResult(run_id=run_id, status="succeeded", summary=summary, outputs=paths, model=model, attempt=attempt,
                      input_version=table.version)
+
+
+def end_status(exc: BaseException) -> str:
+    """The status an attempt ended by ``exc`` gets in runs/ and the ledger: ``killed`` (a signal),
+    ``invalid_config`` (a config mistake found once the table's schema was read: exit 2, the status
+    the ``--json`` line says too) or ``failed``."""
+    if isinstance(exc, RunKilled):
+        return "killed"
+    return "invalid_config" if getattr(exc, "exit_code", None) == 2 else "failed"
 
 
 class _Recorded(Exception):
@@ -560,9 +580,10 @@ def _cancel_jobs(spark) -> None:
         log_trouble("could not cancel the Spark jobs of a killed run")
 
 
-def _listed_outputs(paths: dict, run_id: str, report: bool) -> dict:
+def _listed_outputs(paths: dict, run_id: str, attempt: int, report: bool) -> dict:
     out = {k: v for k, v in paths.items() if report or not k.startswith("report")}
     out["run_summary"] = run_summary_path(paths, run_id)
+    out["attempt_summary"] = attempt_summary_path(paths, run_id, attempt)
     return out
 
 
@@ -591,14 +612,47 @@ def _json(value) -> str:
     return json.dumps(value, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o))
 
 
-def _cleanup(spark, paths, run_id):
+def _cleanup(spark, paths, run_id, attempt, report):
+    """After a failure while writing the outputs: remove what THIS attempt wrote (its centers rows,
+    its summary, the report it drew over the last one). summary.json and summary/<run_id>.json are
+    written last, so they still hold the latest successful release."""
     try:
-        tables.delete_run_rows(spark, paths["centers"], run_id)
-        for key in ("report", "report_html", "summary"):
+        tables.delete_run_rows(spark, paths["centers"], run_id, attempt)
+        for key in ("report", "report_html") if report else ():
             tables.delete_file(spark, paths[key])
-        tables.delete_file(spark, run_summary_path(paths, run_id))
+        tables.delete_file(spark, attempt_summary_path(paths, run_id, attempt))
     except Exception:
         log_trouble("cleanup after a failed run left something behind")
+
+
+CONFIG_CHANGE_KEYS_SHOWN = 8
+
+
+def _warn_if_config_changed(config, earlier: dict, run_id: str) -> None:
+    """Log which config keys differ from the latest earlier attempt of ``run_id`` (its ``parameters``
+    in runs/): a run id names one release, so a changed config is usually a mistake worth seeing."""
+    try:
+        before = json.loads(earlier.get("parameters") or "{}")
+    except (TypeError, ValueError):
+        return
+    before.pop("fitted", None)
+    now = json.loads(_json(config.to_dict()))
+
+    def flat(d, prefix=""):
+        out = {}
+        for key, value in (d or {}).items():
+            if isinstance(value, dict):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    a, b = flat(before), flat(now)
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if changed:
+        shown = ", ".join(changed[:CONFIG_CHANGE_KEYS_SHOWN]) + (" ..." if len(changed) > CONFIG_CHANGE_KEYS_SHOWN else "")
+        log.warning("run %s: the config differs from its attempt %s's in %s (a run id names one release: use a "
+                    "new run id for a different job)", run_id, earlier.get("attempt"), shown)
 
 
 def _collapse(config, model):
@@ -709,7 +763,7 @@ class _SparkBackground(_Background):
         return InheritableThread(target, **kwargs)
 
 
-def _report_info(summary, timings, diagnostics, config=None) -> dict:
+def _report_info(summary, timings, diagnostics, config=None, input_version=None) -> dict:
     """What report.png and report.html draw: released values and public parameters (and, with
     diagnostics, the non-private ones, labelled so)."""
     info = {
@@ -723,6 +777,7 @@ def _report_info(summary, timings, diagnostics, config=None) -> dict:
         "timings": _phase_timings(timings, summary["algorithm"]) if diagnostics is not None else {},
         "seed_note": summary["privacy_note"], "diagnostics": diagnostics,
         "degenerate": summary.get("degenerate"),
+        "input": {**summary["input"], "version": input_version},
     }
     if config is not None:
         info["domain"] = _public_domain(config)

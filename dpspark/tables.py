@@ -22,7 +22,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 
-from dpspark.errors import SchemaError
+from dpspark.errors import ColumnError, SchemaError
 from dpspark.privacy.bounding import bound_contributions
 from dpspark.privacy.domain import Domain
 
@@ -241,7 +241,7 @@ def load_input(spark, input_cfg, version: int | None = None) -> InputTable:
     if missing:
         what = "privacy unit column" if missing[0] == input_cfg.privacy_unit else "feature column"
         key = "input.privacy_unit" if missing[0] == input_cfg.privacy_unit else "input.features"
-        raise SchemaError(f"{what} {missing[0]!r} ({key}) not found; the table has columns {sorted(df.columns)}")
+        raise ColumnError(key, f"{what} {missing[0]!r} ({key}) not found; the table has columns {sorted(df.columns)}")
     if input_cfg.where:
         df = _filtered(spark, df, input_cfg.where)
     if fmt == "csv":
@@ -281,7 +281,7 @@ def _feature_expressions(df, features: tuple[str, ...], dim: int):
     fields = {f.name: f for f in df.schema.fields}
     for name in features:
         if name not in fields:
-            raise SchemaError(f"feature column {name!r} (input.features) not found; the table has columns {sorted(fields)}")
+            raise ColumnError("input.features", f"feature column {name!r} (input.features) not found; the table has columns {sorted(fields)}")
     if len(features) == dim and all(isinstance(fields[n].dataType, T.NumericType) for n in features):
         return [F.col(n).cast("double") for n in features], list(features)
     if len(features) == 1:
@@ -294,17 +294,17 @@ def _feature_expressions(df, features: tuple[str, ...], dim: int):
 
             size = _vector_size(fields[name].metadata)
             if size is not None and size != dim:
-                raise SchemaError(f"feature column {name!r} holds vectors of {size} values (its ML attribute metadata, "
+                raise ColumnError("input.features", f"feature column {name!r} holds vectors of {size} values (its ML attribute metadata, "
                                   f"e.g. from VectorAssembler), but the domain has {dim} dimension(s): every row would be "
                                   f"dropped as the wrong size; give {size} bounds (lower/upper, or dim with radius)")
             # vector_to_array raises on a null vector: only non-null rows reach it (a null row is dropped)
             col = F.when(F.col(name).isNotNull(), vector_to_array(F.col(name)))
         else:
-            raise SchemaError(f"feature column {name!r} has type {dtype.simpleString()}: it must be numeric, or an array/vector of {dim} numbers")
+            raise ColumnError("input.features", f"feature column {name!r} has type {dtype.simpleString()}: it must be numeric, or an array/vector of {dim} numbers")
         exprs = [F.when(F.size(col) == dim, F.get(col, j)).cast("double") for j in range(dim)]
         return exprs, [f"{name}_{j}" for j in range(dim)]
     bad = [n for n in features if not isinstance(fields[n].dataType, T.NumericType)]
-    raise SchemaError(f"feature column {bad[0]!r} has type {fields[bad[0]].dataType.simpleString()}; feature columns must be numeric")
+    raise ColumnError("input.features", f"feature column {bad[0]!r} has type {fields[bad[0]].dataType.simpleString()}; feature columns must be numeric")
 
 
 def _vector_size(metadata) -> int | None:
@@ -322,10 +322,10 @@ def _vector_size(metadata) -> int | None:
 
 
 def check_schema(df, features: tuple[str, ...], privacy_unit: str | None, dim: int) -> list[str]:
-    """Raise ``SchemaError`` unless the features and the privacy unit fit; return the feature names."""
+    """Raise ``ColumnError`` (exit 2) unless the features and the privacy unit fit; return the feature names."""
     _, names = _feature_expressions(df, features, dim)
     if privacy_unit is not None and privacy_unit not in df.columns:
-        raise SchemaError(f"privacy unit column {privacy_unit!r} (input.privacy_unit) not found; the table has columns {sorted(df.columns)}")
+        raise ColumnError("input.privacy_unit", f"privacy unit column {privacy_unit!r} (input.privacy_unit) not found; the table has columns {sorted(df.columns)}")
     if privacy_unit is not None:
         from dpspark.privacy.bounding import check_privacy_unit
 
@@ -427,33 +427,44 @@ def replace_run_rows(spark, df, path: str, run_id: str, attempt: int | None = No
         writer.mode("append").save(path)
 
 
-def delete_run_rows(spark, path: str, run_id: str) -> None:
+def delete_run_rows(spark, path: str, run_id: str, attempt: int | None = None) -> None:
+    """Delete the rows of ``run_id`` (only those of ``attempt`` when given) from the Delta table at ``path``."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     if _delta_exists(spark, path):
-        DeltaTable.forPath(spark, path).delete(F.col("run_id") == F.lit(run_id))
+        where = F.col("run_id") == F.lit(run_id)
+        if attempt is not None:
+            where = where & (F.col("attempt") == F.lit(int(attempt)))
+        DeltaTable.forPath(spark, path).delete(where)
 
 
-CENTERS_FIXED = ("run_id", "cluster_id", "noisy_weight", "private")
+CENTERS_FIXED = ("run_id", "attempt", "cluster_id", "noisy_weight", "private")
 
 
 def write_centers(spark, path: str, run_id: str, feature_names: list[str], centers, noisy_weights,
-                  private: bool = True) -> None:
-    """The released centers of one run: run_id, cluster_id, one column per feature, noisy_weight, and
-    ``private`` (false for a fixed-seed run: NOT PRIVATE)."""
+                  private: bool = True, attempt: int = 1) -> None:
+    """The released centers of one attempt of a run: run_id, attempt, cluster_id, one column per
+    feature, noisy_weight, and ``private`` (false for a fixed-seed run: NOT PRIVATE). Every attempt
+    keeps its rows (a ``--force`` release adds its own beside the earlier one's); a table written
+    before the ``attempt`` column existed gets it (null in its old rows)."""
     from pyspark.sql import types as T
 
     schema = T.StructType(
-        [T.StructField("run_id", T.StringType(), False), T.StructField("cluster_id", T.IntegerType(), False)]
+        [T.StructField("run_id", T.StringType(), False), T.StructField("attempt", T.IntegerType(), False),
+         T.StructField("cluster_id", T.IntegerType(), False)]
         + [T.StructField(n, T.DoubleType(), False) for n in feature_names]
         + [T.StructField("noisy_weight", T.DoubleType(), False), T.StructField("private", T.BooleanType(), False)]
     )
     rows = [
-        (run_id, j, *[float(v) for v in center], float(w), bool(private))
+        (run_id, int(attempt), j, *[float(v) for v in center], float(w), bool(private))
         for j, (center, w) in enumerate(zip(centers, noisy_weights))
     ]
-    replace_run_rows(spark, spark.createDataFrame(rows, schema).coalesce(1), path, run_id)
+    frame = spark.createDataFrame(rows, schema).coalesce(1)
+    if _delta_exists(spark, path) and "attempt" not in spark.read.format("delta").load(path).columns:
+        # an old table: add the column first (a replaceWhere cannot name a column the table lacks)
+        frame.limit(0).write.format("delta").mode("append").option("mergeSchema", "true").save(path)
+    replace_run_rows(spark, frame, path, run_id, attempt)
 
 
 # ``non_private_operational`` is kept for old readers and old tables (appending needs no schema

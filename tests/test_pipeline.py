@@ -82,7 +82,7 @@ def test_delta_round_trip_records_the_version_read(spark, tmp_path, write_delta)
     # One row for the one attempt (its "running" row was replaced by its end), with the version read.
     assert [(r.run_id, r.attempt, r.status, r.input_version) for r in runs] == [("v1", 1, "succeeded", 1)]
     assert runs[0].input_key == tables.ledger_key_of(spark, path) and runs[0].input_key.startswith("delta-table:")
-    assert "version" not in read_summary(cfg)["input"]  # in runs/ and the --json line, not in the release
+    assert read_summary(cfg)["input"]["version"] == 1  # as in runs/ and the --json line
 
 
 def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_delta, monkeypatch):
@@ -146,9 +146,13 @@ def test_same_run_id_is_not_run_twice_unless_forced(spark, tmp_path, write_delta
     cfg_path, cfg = make_config(tmp_path, path, **{"seed": None, "privacy.ledger": ledger_path, "output.report": False})
     out = cfg["output"]["path"]
 
-    def centers_of(run_id):
-        df = spark.read.format("delta").load(out + "/centers").where(f"run_id = '{run_id}'").orderBy("cluster_id")
-        return df.select("x", "y", "noisy_weight").toPandas().to_numpy()
+    def centers_of(run_id, attempt=None):
+        df = spark.read.format("delta").load(out + "/centers").where(f"run_id = '{run_id}'")
+        if attempt is None:  # the latest attempt's release
+            df = df.where(f"attempt = {df.agg({'attempt': 'max'}).first()[0]}")
+        else:
+            df = df.where(f"attempt = {attempt}")
+        return df.orderBy("cluster_id").select("x", "y", "noisy_weight").toPandas().to_numpy()
 
     def charges():
         return [(e["run_id"], e["attempt"]) for e in Ledger(spark, ledger_path).runs(key) if e["status"] == "charged"]
@@ -173,11 +177,15 @@ def test_same_run_id_is_not_run_twice_unless_forced(spark, tmp_path, write_delta
     forced = centers_of("again")
     assert forced.shape == (3, 3) and not np.array_equal(forced, first)  # fresh noise: a new release
     assert read_summary(cfg)["attempt"] == 2 and read_summary(cfg, "again")["attempt"] == 2
+    # the release it replaces is kept: attempt 1's centers and summary are still there, unchanged
+    assert np.array_equal(centers_of("again", attempt=1), first)
+    assert json.loads((tmp_path / "out" / "summary" / "again" / "1.json").read_text()) == first_summary
+    assert json.loads((tmp_path / "out" / "summary" / "again" / "2.json").read_text()) == read_summary(cfg)
     assert charges() == [("again", 1), ("again", 2)]
     assert Ledger(spark, ledger_path).totals(key).spent_epsilon == pytest.approx(2.0)
     assert main(["run", "--config", cfg_path, "--run-id", "other"], spark=spark) == 0
     centers = spark.read.format("delta").load(out + "/centers")
-    assert centers.where("run_id = 'again'").count() == 3 and centers.count() == 6  # one set of centers per run id
+    assert centers.where("run_id = 'again'").count() == 6 and centers.count() == 9  # one set of centers per attempt
     runs = spark.read.format("delta").load(out + "/runs")
     assert sorted((r.run_id, r.attempt, r.status) for r in runs.collect()) == [
         ("again", 1, "succeeded"), ("again", 2, "succeeded"), ("other", 1, "succeeded")]  # every attempt kept

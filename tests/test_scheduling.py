@@ -98,7 +98,9 @@ def test_a_week_of_daily_runs(spark, tmp_path, monkeypatch, capsys):
     assert status["status"] == "killed" and status["exit_code"] == 143 and status["attempt"] == 1
     assert status["epsilon_spent"] == pytest.approx(1.0) and status["input_version"] == 2
     monkeypatch.setattr(DPLloyd, "fit", real_fit)
-    assert centers_of(spark, out, "day-3") == 0 and not os.path.exists(out + "/summary.json")
+    # the killed attempt released nothing: summary.json is still the latest success (day-2)
+    assert centers_of(spark, out, "day-3") == 0 and json.loads(open(out + "/summary.json").read())["run_id"] == "day-2"
+    assert not os.path.exists(out + "/summary/day-3.json") and not os.path.exists(out + "/summary/day-3")
 
     append(4)  # the table moved on before the retry
     assert main(["run", "--config", cfg, "--run-id", "day-3", "--json"], spark=spark) == 0
@@ -109,13 +111,15 @@ def test_a_week_of_daily_runs(spark, tmp_path, monkeypatch, capsys):
     assert status["status"] == "already_succeeded" and status["epsilon_spent"] == 0.0
     assert centers_of(spark, out, "day-3") == 3
     summary = json.loads(open(out + "/summary/day-3.json").read())
-    assert summary["attempt"] == 2 and "version" not in summary["input"]
+    assert summary["attempt"] == 2 and summary["input"]["version"] == 2
+    assert json.loads(open(out + "/summary/day-3/2.json").read()) == summary
+    assert sorted(os.listdir(out + "/summary/day-3")) == ["2.json"]  # the killed attempt 1 released nothing
 
     assert main(["run", "--config", cfg, "--run-id", "day-4"], spark=spark) == 0
     append(5)
     assert main(["run", "--config", cfg, "--run-id", "day-5"], spark=spark) == 3
-    assert centers_of(spark, out, "day-5") == 0 and not os.path.exists(out + "/summary.json")
-    assert not os.path.exists(out + "/summary/day-5.json")
+    assert centers_of(spark, out, "day-5") == 0 and json.loads(open(out + "/summary.json").read())["run_id"] == "day-4"
+    assert not os.path.exists(out + "/summary/day-5.json") and not os.path.exists(out + "/summary/day-5")
 
     assert runs_of(spark, out) == [
         ("day-1", 1, "succeeded", 0, 1.0), ("day-2", 1, "succeeded", 1, 1.0),

@@ -133,3 +133,76 @@ def test_set_budget_needs_no_delta_and_a_refusal_says_what_remains(spark, tmp_pa
     capsys.readouterr()
     assert main(["run", "--config", cfg, "--run-id", "two"], spark=spark) == 3
     assert "so epsilon=0.5, delta=0 remain" in capsys.readouterr().err
+
+
+def _dpspark_log_lines():
+    """A handler of its own on the dpspark logger (earlier tests may leave theirs on an old stderr)."""
+    import logging
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    return seen, handler
+
+
+def test_a_missing_feature_column_is_a_config_error_everywhere(spark, tmp_path, write_delta, capsys):
+    """Issue 29, item 6: a feature column the table lacks was exit 1 and `failed` in runs/, while the
+    README promises 2 for config mistakes and --json said invalid_config for a bad filter."""
+    from dpspark import tables
+
+    path = write_delta(points_frame(30))
+    cfg_path, cfg = make_config(tmp_path, path, **{"input.features": ["x", "nope"], "output.report": False})
+    capsys.readouterr()
+    assert main(["run", "--config", cfg_path, "--run-id", "typo", "--json"], spark=spark) == 2
+    captured = capsys.readouterr()
+    status = json.loads(captured.out.strip().splitlines()[-1])
+    assert status["status"] == "invalid_config" and status["exit_code"] == 2
+    assert "'nope'" in status["error"] and "input.features" in status["error"]
+    rows = tables.read_attempts(spark, cfg["output"]["path"] + "/runs", "typo")
+    assert [(r["attempt"], r["status"]) for r in rows] == [(1, "invalid_config")]
+    # the same for a filter naming a column the table lacks (found once the schema is read)
+    where_path, where_cfg = make_config(tmp_path, path, **{"input.where": "nope > 1", "output.report": False})
+    assert main(["run", "--config", where_path, "--run-id", "badwhere", "--json"], spark=spark) == 2
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["status"] == "invalid_config"
+    rows = tables.read_attempts(spark, where_cfg["output"]["path"] + "/runs", "badwhere")
+    assert [(r["attempt"], r["status"]) for r in rows] == [(1, "invalid_config")]
+
+
+def test_a_reused_run_id_with_another_config_says_what_changed(spark, tmp_path, write_delta):
+    """Issue 29, item 5: a run id re-used with a changed config said nothing about the change."""
+    import logging
+
+    path = write_delta(points_frame(30))
+    cfg_path, _ = make_config(tmp_path, path, **{"output.report": False})
+    assert main(["run", "--config", cfg_path, "--run-id", "same"], spark=spark) == 0
+    changed_path, _ = make_config(tmp_path, path, **{"output.report": False, "privacy.epsilon": 0.25})
+    seen, handler = _dpspark_log_lines()
+    logger = logging.getLogger("dpspark")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        assert main(["run", "--config", changed_path, "--run-id", "same"], spark=spark) == 0  # already succeeded
+        assert main(["run", "--config", cfg_path, "--run-id", "same"], spark=spark) == 0
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    warned = [line for line in seen if "config differs" in line]
+    assert len(warned) == 1 and "privacy.epsilon" in warned[0] and "run same" in warned[0], seen
+
+
+def test_force_keeps_the_centers_of_a_table_written_before_the_attempt_column(spark, tmp_path, write_delta):
+    """A centers/ table from an older dpspark (no attempt column) gets the column; its rows stay."""
+    import numpy as np
+
+    path = write_delta(points_frame(30))
+    cfg_path, cfg = make_config(tmp_path, path, **{"output.report": False})
+    out = cfg["output"]["path"]
+    old = spark.createDataFrame([("old", 0, 1.0, 2.0, 5.0, True)],
+                                "run_id STRING, cluster_id INT, x DOUBLE, y DOUBLE, noisy_weight DOUBLE, private BOOLEAN")
+    old.write.format("delta").save(out + "/centers")
+    assert main(["run", "--config", cfg_path, "--run-id", "new"], spark=spark) == 0
+    assert main(["run", "--config", cfg_path, "--run-id", "new", "--force"], spark=spark) == 0
+    rows = spark.read.format("delta").load(out + "/centers").collect()
+    assert sorted((r.run_id, r.attempt) for r in rows if r.cluster_id == 0) == [("new", 1), ("new", 2), ("old", None)]
+    assert np.isclose([r.x for r in rows if r.run_id == "old"], [1.0]).all()

@@ -33,7 +33,7 @@ byte, then a fixed width or a length prefix), so nesting stays injective:
 - array: 0x0a, its length (int64), then each element's encoding;
 - struct: 0x0b, then each field's encoding, in the type's order.
 Lengths are big-endian int64. Maps, intervals, variants and user-defined types are
-refused (``SchemaError`` naming ``input.privacy_unit`` and the type).
+refused (``ColumnError``, exit 2, naming ``input.privacy_unit`` and the type).
 
 - Deterministic per record for a given run key (a retried task keeps the same
   row) and independent of the data's partitioning.
@@ -141,10 +141,10 @@ def _double_bits(x):
 
 
 def _refuse(column: str, dtype, inner) -> None:
-    from dpspark.errors import SchemaError
+    from dpspark.errors import ColumnError
 
     where = "" if inner is dtype else f" (it holds {inner.simpleString()})"
-    raise SchemaError(
+    raise ColumnError("input.privacy_unit",
         f"privacy unit column {column!r} (input.privacy_unit) has type {dtype.simpleString()}{where}, which cannot "
         "identify a person: use a column of type boolean, integer, float, double, decimal, string (binary collation), "
         "binary, date, timestamp or timestamp_ntz, or an array or struct of these")
@@ -196,7 +196,7 @@ def _encode(col, dtype, column: str, top):
 def unit_key(df, privacy_unit: str):
     """The person's key as a binary Column: a typed, injective encoding of the unit's value (see the
     module docstring). Equal keys exactly for the same person; null is one person, -0.0 is 0.0,
-    every NaN is one person. Raises ``SchemaError`` for a type that cannot identify a person."""
+    every NaN is one person. Raises ``ColumnError`` for a type that cannot identify a person."""
     from pyspark.sql import functions as F
 
     dtype = df.schema[privacy_unit].dataType
@@ -204,7 +204,7 @@ def unit_key(df, privacy_unit: str):
 
 
 def check_privacy_unit(df, privacy_unit: str | None) -> None:
-    """Raise ``SchemaError`` if ``privacy_unit``'s type cannot identify a person (reads no data)."""
+    """Raise ``ColumnError`` if ``privacy_unit``'s type cannot identify a person (reads no data)."""
     if privacy_unit is not None:
         unit_key(df, privacy_unit)
 
