@@ -104,6 +104,11 @@ _COMMON = (
     ("ledgerInput", "input.path", _T.toString,
      "path of the table the fitted DataFrame reads: its budget in the ledger is the one charged "
      "(a DataFrame has no path of its own). Required with ledgerPath."),
+    ("runId", None, _T.toString,
+     "run id of the fit, as the ledger's events and the operator record name it (letters, digits, '.', "
+     "'_', '-'). Unset: a new id per fit. With a ledger, a runId that already succeeded on ledgerInput "
+     "is refused before any charge (a run id names one release), and a retry of a failed one is its "
+     "next attempt."),
     ("seed", "seed", _T.toInt,
      "fixed seed of every random draw, noise included: a TESTING AID that makes the fit NOT PRIVATE; "
      "needs unsafeFixedSeed=True."),
@@ -433,9 +438,13 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
         from dpspark import tables
         from dpspark.privacy.ledger import NOT_PRIVATE_NOTE, Ledger
         from dpspark.privacy.randomness import Randomness
-        from dpspark.runner import estimator_class, keep_operator_record, new_run_id, operator_log_dir
+        from dpspark.runner import collapse_of, estimator_class, keep_operator_record, new_run_id, operator_log_dir
 
         config = self.toConfig()  # before any Spark job: a bad Param costs nothing
+        chosen_id = self.getOrDefault(self.runId) if self.isSet(self.runId) else None
+        if chosen_id is not None and not tables.RUN_ID_PATTERN.match(chosen_id):
+            raise ParamError("runId", f"{chosen_id!r} is not a run id: 1 to 128 letters, digits, '.', '_' or '-', "
+                                      "starting with a letter or digit")
         spark = dataset.sparkSession
         name = config.algorithm.name
         randomness = Randomness(config.seed)
@@ -448,12 +457,13 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
         private = randomness.private
         if not private:
             log.warning("seed=%s: a testing aid; this fit is NOT PRIVATE", randomness.seed)
-        run_id = new_run_id()
+        run_id = chosen_id or new_run_id()
+        attempt = 1
         timings: dict = {}
         # For the operator record (dpspark.runner.keep_operator_record): exact values, NON-PRIVATE.
         record = {"status": None, "algorithm": name, "input_path": config.input.path if config.privacy.ledger else None,
                   "input_key": None, "charged": False, "fit_started": False, "private": private}
-        notes = {"run_id": run_id, "attempt": 1, "record": record, "timings": timings, "operational": {}}
+        notes = {"run_id": run_id, "attempt": attempt, "record": record, "timings": timings, "operational": {}}
         failure = None
         with (accounted(config.privacy.ledger is not None), capture() as lines, _fit_conf(spark),
               quiet_spark_logs(spark, config.privacy.ledger is not None)):
@@ -471,13 +481,16 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                     tables.check_output_location(spark, ledger_path, "ledgerPath")
                     ledger = Ledger(spark, ledger_path)
                     input_key = tables.ledger_key_of(spark, config.input.path)
+                    if chosen_id is not None:
+                        attempt = _next_attempt(ledger, input_key, run_id)
+                        notes["attempt"] = attempt
             ledger_totals = None
             status = "failed"
             record["input_key"] = input_key
             try:
                 if ledger is not None:
                     with step("privacy ledger: start", timings):
-                        ledger.mark(input_key, run_id, "started", attempt=1, guarantee=guarantee,
+                        ledger.mark(input_key, run_id, "started", attempt=attempt, guarantee=guarantee,
                                     note=None if private else NOT_PRIVATE_NOTE)
                 preflight = getattr(family, "preflight", None)
                 if preflight is not None:
@@ -496,14 +509,14 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                         with step("privacy ledger: charge", timings):
                             ledger_totals = ledger.charge(
                                 input_key, run_id, name, plan_eps, plan_delta, None, None, guarantee=guarantee,
-                                attempt=1, input_seen=tables.qualify(config.input.path), private=private)
+                                attempt=attempt, input_seen=tables.qualify(config.input.path), private=private)
                     except BudgetRefused:
                         status = None  # the ledger recorded the refusal itself
                         raise
                 # The charge is written; from here on the budget stays spent whatever happens.
                 record["charged"] = ledger is not None
                 if ledger is not None:  # as the runner: this charge is spent for good (never reused)
-                    ledger.mark(input_key, run_id, "fit_started", attempt=1, guarantee=guarantee)
+                    ledger.mark(input_key, run_id, "fit_started", attempt=attempt, guarantee=guarantee)
                 record["fit_started"] = True
                 try:
                     with step(f"{name}: fit", timings, hide_inside=True):
@@ -522,7 +535,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                         f"epsilon={result.epsilon_spent!r}, delta={result.delta_spent!r}")
                 status = "succeeded"
                 if ledger is not None:
-                    ledger.mark(input_key, run_id, "succeeded", attempt=1, guarantee=guarantee)
+                    ledger.mark(input_key, run_id, "succeeded", attempt=attempt, guarantee=guarantee)
             except BaseException as exc:
                 killed = isinstance(exc, (RunKilled, KeyboardInterrupt))
                 if killed:
@@ -539,7 +552,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                     operator_log.error("DPClustering fit %s %s:\n%s", run_id, status, notes["traceback"].rstrip())
                 if ledger is not None and status is not None and status != "succeeded":
                     try:
-                        ledger.mark(input_key, run_id, status, attempt=1, guarantee=guarantee)
+                        ledger.mark(input_key, run_id, status, attempt=attempt, guarantee=guarantee)
                     except Exception:  # recording the failure must not hide the failure
                         log_trouble("could not record the end of fit %s", run_id)
                 if isinstance(failure, RunFailed) and operator_log_dir() is None:
@@ -564,11 +577,23 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                        "upper": None if result.domain.upper is None else list(result.domain.upper),
                        "radius": result.domain.radius},
             "parameters": _jsonable(result.parameters), "runId": run_id, "dpsparkVersion": __version__,
+            "degenerate": _jsonable(collapse_of(config, result)),
         }
         model = DPClusteringModel(_state=state)
         model._ledger = None if ledger_totals is None else ledger_totals.as_dict()
         self._copyValues(model)
         return model
+
+
+def _next_attempt(ledger, input_key: str, run_id: str) -> int:
+    """The attempt number of a fit with a chosen ``runId``: one after the ledger's latest attempt of
+    that run id on this input; ``ParamError`` if one succeeded (read from the ledger, before any charge)."""
+    events = [e for e in ledger.runs(input_key) if e["run_id"] == run_id]
+    done = [e for e in events if e["status"] == "succeeded"]
+    if done:
+        raise ParamError("runId", f"{run_id!r} already succeeded on this input (attempt {done[-1].get('attempt')}): "
+                                  "a run id names one release; give a new runId for a new release")
+    return 1 + max((int(e["attempt"]) for e in events if e.get("attempt") is not None), default=0)
 
 
 def _jsonable(value):
@@ -609,11 +634,19 @@ class DPClusteringSummary:
     private = property(lambda self: self._state["private"], doc="False for a fixed-seed (testing) fit")
     privacyNote = property(lambda self: self._state["privacyNote"], doc="NOT PRIVATE note of a seeded fit")
     runId = property(lambda self: self._state["runId"], doc="run id of the fit (the ledger's events carry it)")
+    clusterSizes = property(lambda self: [int(max(0.0, round(w))) for w in self._state["noisyWeights"]],
+                            doc="released size of each cluster: its noisy weight rounded, negatives as 0 "
+                                "(post-processing; noisyWeights has the values as released)")
+    degenerate = property(lambda self: self._state.get("degenerate"),
+                          doc="None, or what collapsed in the release (fewer than k distinct centers, or "
+                              "almost all weight on one) and its likely cause; as summary.json's degenerate")
     parameters = property(lambda self: dict(self._state["parameters"]),
                           doc="every public parameter of the family, defaults filled in")
 
     def asDict(self) -> dict:
         out = {k: v for k, v in self._state.items() if k not in ("domain", "features", "featureNames", "dpsparkVersion")}
+        out["clusterSizes"] = self.clusterSizes
+        out["degenerate"] = self.degenerate
         out["ledger"] = self.ledger
         return out
 
@@ -625,7 +658,9 @@ class DPClusteringSummary:
 # The keys a saved model holds beside its Params: released values and public parameters only.
 STATE_KEYS = ("algorithm", "objective", "k", "centers", "noisyWeights", "epsilonSpent", "deltaSpent", "charges",
               "guarantee", "private", "privacyNote", "featureNames", "features", "domain", "parameters", "runId",
-              "dpsparkVersion")
+              "dpsparkVersion", "degenerate")
+# A model saved by an older dpspark lacks these: loaded as None.
+OPTIONAL_STATE_KEYS = ("degenerate",)
 
 
 class DPClusteringModel(Model, _DPClusteringParams, MLReadable, MLWritable):
@@ -689,7 +724,7 @@ class _ModelWriter(MLWriter):
         self.instance = instance
 
     def saveImpl(self, path: str) -> None:
-        state = {k: self.instance._state[k] for k in STATE_KEYS}
+        state = {k: self.instance._state.get(k) for k in STATE_KEYS}
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession, extraMetadata={"dpspark": state})
 
 
@@ -701,9 +736,9 @@ class _ModelReader(MLReader):
     def load(self, path: str) -> DPClusteringModel:
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         state = metadata.get("dpspark")
-        if not isinstance(state, dict) or any(k not in state for k in STATE_KEYS):
+        if not isinstance(state, dict) or any(k not in state for k in STATE_KEYS if k not in OPTIONAL_STATE_KEYS):
             raise DPSparkError(f"{path!r} does not hold a saved DPClusteringModel")
-        model = self.cls(_state={k: state[k] for k in STATE_KEYS})
+        model = self.cls(_state={k: state.get(k) for k in STATE_KEYS})
         model._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(model, metadata)
         return model

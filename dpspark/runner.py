@@ -440,7 +440,7 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
         record.update(epsilon_spent=model.epsilon_spent, delta_spent=model.delta_spent, charges=_json(model.charges),
                       # the validated config, and what the fit chose from it (auto: its method and why)
                       parameters=_json({**config.to_dict(), "fitted": model.parameters}))
-        degenerate = _collapse(config, model)
+        degenerate = collapse_of(config, model)
         _settle(running_row, timings)
         wrote_outputs = True  # from here a failure deletes what this attempt wrote
         summary = {
@@ -655,8 +655,9 @@ def _warn_if_config_changed(config, earlier: dict, run_id: str) -> None:
                     "new run id for a different job)", run_id, earlier.get("attempt"), shown)
 
 
-def _collapse(config, model):
-    """Post-processing of the RELEASED centers and weights: did they collapse? (logged and reported)."""
+def collapse_of(config, model):
+    """Post-processing of the RELEASED centers and weights: did they collapse? (logged and reported;
+    the CLI's summary and dpspark.ml's summary both carry it as ``degenerate``)."""
     from dpspark.degenerate import describe_collapse
 
     d = config.domain

@@ -206,3 +206,44 @@ def test_force_keeps_the_centers_of_a_table_written_before_the_attempt_column(sp
     rows = spark.read.format("delta").load(out + "/centers").collect()
     assert sorted((r.run_id, r.attempt) for r in rows if r.cluster_id == 0) == [("new", 1), ("new", 2), ("old", None)]
     assert np.isclose([r.x for r in rows if r.run_id == "old"], [1.0]).all()
+
+
+def test_the_python_summary_has_cluster_sizes_degenerate_and_a_run_id_param(spark, tmp_path, write_delta):
+    """Issue 29, item 6: DPClusteringSummary had no clusterSizes, no degenerate, and a fit could not
+    be given its run id. With a ledger, a runId that succeeded is refused before any charge."""
+    import numpy as np
+    from pyspark.ml.feature import VectorAssembler
+
+    from dpspark import tables
+    from dpspark.degenerate import describe_collapse
+    from dpspark.ml import DPClustering, DPClusteringModel, ParamError
+    from dpspark.privacy.ledger import Ledger
+
+    path = write_delta(points_frame(100))
+    ledger_path = str(tmp_path / "ledger")
+    key = tables.ledger_key_of(spark, path)
+    Ledger(spark, ledger_path).set_budget(key, 5.0, 0.0)
+    df = spark.read.format("delta").load(path)
+    est = DPClustering(k=3, epsilon=1.0, lower=[0, 0], upper=[100, 100], algorithm="dplloyd", inputCols=["x", "y"],
+                       ledgerPath=ledger_path, ledgerInput=path, runId="daily-1")
+    s = est.fit(df).summary
+    assert s.runId == "daily-1"
+    weights = s.noisyWeights
+    assert s.clusterSizes == [int(max(0.0, round(w))) for w in weights] and all(isinstance(c, int) for c in s.clusterSizes)
+    assert s.degenerate == describe_collapse(np.array(s._state["centers"]), weights, 3, [100.0, 100.0], "dplloyd", 1.0)
+    assert "degenerate" in s.asDict() and s.asDict()["clusterSizes"] == s.clusterSizes
+    spent = Ledger(spark, ledger_path).totals(key).spent_epsilon
+    with pytest.raises(ParamError, match="'daily-1' already succeeded"):
+        est.fit(df)
+    assert Ledger(spark, ledger_path).totals(key).spent_epsilon == spent  # refused before any charge
+    with pytest.raises(ParamError, match="runId"):
+        DPClustering(k=3, lower=[0, 0], upper=[100, 100], inputCols=["x", "y"], runId="../etc").fit(df)
+    # a collapsed release says so (every weight on one center)
+    model = est.copy({est.runId: "daily-2"}).fit(df)
+    model._state = {**model._state, "noisyWeights": [300.0, 0.0, 0.0]}
+    saved = str(tmp_path / "m")
+    model._state["degenerate"] = describe_collapse(np.array(model._state["centers"]), [300.0, 0.0, 0.0], 3,
+                                                   [100.0, 100.0], "dplloyd", 1.0)
+    model.write().save(saved)
+    loaded = DPClusteringModel.load(saved).summary
+    assert loaded.degenerate is not None and loaded.degenerate == model.summary.degenerate and loaded.clusterSizes == [300, 0, 0]
