@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -67,7 +68,17 @@ class _InsideTheFit(logging.Filter):
 log.addFilter(_InsideTheFit())
 
 
-def configure_logging(level: int = logging.INFO, stream=None) -> None:
+LOG_LEVEL_ENV = "DPSPARK_LOG_LEVEL"  # DEBUG shows every pass's line (one per maxcover threshold, dplloyd iteration)
+
+
+def default_level() -> int:
+    """INFO, or ``$DPSPARK_LOG_LEVEL`` (a logging level name: DEBUG, INFO, WARNING, ERROR)."""
+    name = os.environ.get(LOG_LEVEL_ENV, "").strip().upper()
+    value = logging.getLevelName(name) if name else logging.INFO
+    return value if isinstance(value, int) else logging.INFO
+
+
+def configure_logging(level: int | None = None, stream=None) -> None:
     """Show dpspark's log lines ("[dpspark] 12:00:01 maxcover: fit done in 3.20s") on ``stream``.
 
     The command line and ``dpspark.session.get_session()`` call it. From Python with a session of
@@ -77,7 +88,8 @@ def configure_logging(level: int = logging.INFO, stream=None) -> None:
         from dpspark.progress import configure_logging
         configure_logging()                  # INFO lines on stderr; configure_logging(logging.WARNING) for fewer
 
-    ``stream``: where the lines go (default ``sys.stderr``). Calling it again changes the level and,
+    ``level``: default ``default_level()`` (INFO unless ``$DPSPARK_LOG_LEVEL`` says otherwise; a
+    loop's per-pass lines are DEBUG). ``stream``: where the lines go (default ``sys.stderr``). Calling it again changes the level and,
     when given, the stream of dpspark's handler; a handler you added to the ``dpspark`` logger
     yourself is left alone (and then no second one is added).
     """
@@ -89,7 +101,7 @@ def configure_logging(level: int = logging.INFO, stream=None) -> None:
         handler.setFormatter(logging.Formatter("[dpspark] %(asctime)s %(message)s", "%H:%M:%S"))
         handler._dpspark = True
         log.addHandler(handler)
-    log.setLevel(level)
+    log.setLevel(default_level() if level is None else level)
     log.propagate = False
 
 
@@ -147,18 +159,22 @@ def log_trouble(message: str, *args) -> None:
 
 
 @contextlib.contextmanager
-def step(name: str, timings: dict | None = None, data_dependent: bool = False, hide_inside: bool = False):
+def step(name: str, timings: dict | None = None, data_dependent: bool = False, hide_inside: bool = False,
+         repeated: bool = False):
     """Log ``name`` and its duration; record the duration in ``timings`` if given.
 
     In an accounted run the duration goes to the operator's log only, and a ``data_dependent`` step (one
     that runs or not depending on the data) is not on the analyst's log at all. ``hide_inside`` (the
     fit): in an accounted run every INFO line logged while inside goes to the operator's log only
-    (``_InsideTheFit``); the step's own two lines stay (the whole fit's time is the analyst's anyway)."""
+    (``_InsideTheFit``); the step's own two lines stay (the whole fit's time is the analyst's anyway).
+    ``repeated``: one pass of a loop (a maxcover threshold, a dplloyd iteration): its lines are DEBUG
+    on the analyst's log (the loop logs one line of its own), still timed into ``timings``."""
     global _hidden
     quiet = is_accounted()
     shown = operator_log if quiet and data_dependent else log
+    level = logging.DEBUG if repeated and shown is log else logging.INFO
     start = time.perf_counter()
-    shown.info("%s ...", name)
+    shown.log(level, "%s ...", name)
     if hide_inside:
         with _lock:
             _hidden += 1
@@ -171,10 +187,10 @@ def step(name: str, timings: dict | None = None, data_dependent: bool = False, h
         seconds = time.perf_counter() - start
         if quiet:
             if shown is log:
-                log.info("%s done", name)
+                log.log(level, "%s done", name)
             operator_log.info("%s done in %.2fs", name, seconds)
         else:
-            log.info("%s done in %.2fs", name, seconds)
+            log.log(level, "%s done in %.2fs", name, seconds)
         if timings is not None:
             timings[name] = timings.get(name, 0.0) + seconds
 

@@ -154,6 +154,22 @@ def _small_job_options(small_job: bool, conf: dict) -> str | None:
     return SMALL_JOB_JAVA_OPTIONS
 
 
+# Spark's own log in a local session: warnings and errors, without its start-up chatter (see the file).
+SPARK_LOG_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-log4j2.properties")
+
+
+def _driver_java_options(small_job: bool, conf: dict) -> str | None:
+    """The JVM options of a new local driver: dpspark's log4j2 configuration, and the small-job JIT
+    option; none when the config or spark-defaults.conf sets the driver's options (theirs win)."""
+    if "spark.driver.extraJavaOptions" in conf or _defaults_set_java_options():
+        return None
+    options = [f"-Dlog4j2.configurationFile={SPARK_LOG_CONFIG}"] if os.path.isfile(SPARK_LOG_CONFIG) else []
+    small = _small_job_options(small_job, conf)
+    if small:
+        options.append(small)
+    return " ".join(options) or None
+
+
 def _defaults_set_java_options() -> bool:
     """Does spark-defaults.conf ($SPARK_CONF_DIR, or $SPARK_HOME/conf) set the driver's JVM options?"""
     conf_dir = os.environ.get("SPARK_CONF_DIR")
@@ -201,9 +217,10 @@ def build_session(master: str | None = None, app_name: str = "dpspark", conf: di
             builder = builder.config(key, value)
         if testing:
             builder = builder.config("spark.ui.enabled", "false")
-        java_options = _small_job_options(small_job, dict(conf))
+        java_options = _driver_java_options(small_job, dict(conf))
         if java_options:
             builder = builder.config("spark.driver.extraJavaOptions", java_options)
+        if _small_job_options(small_job, dict(conf)):
             builder = builder.config("spark.ui.enabled", "false")  # no web UI to start for a job of seconds
     for key, value in dict(conf).items():
         builder = builder.config(key, value)

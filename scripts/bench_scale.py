@@ -305,6 +305,7 @@ def child_env(operator_log: str | None = None) -> dict:
     if operator_log is not None:
         env["DPSPARK_OPERATOR_LOG"] = operator_log
     env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("DPSPARK_LOG_LEVEL", "DEBUG")  # every pass's step line (a loop's passes are DEBUG)
     return env
 
 

@@ -247,3 +247,57 @@ def test_the_python_summary_has_cluster_sizes_degenerate_and_a_run_id_param(spar
     model.write().save(saved)
     loaded = DPClusteringModel.load(saved).summary
     assert loaded.degenerate is not None and loaded.degenerate == model.summary.degenerate and loaded.clusterSizes == [300, 0, 0]
+
+
+def test_a_healthy_run_logs_no_spark_warnings_and_one_line_per_loop(spark, tmp_path, write_delta):
+    """Issue 29, item 6: every run logged Spark's start-up WARN lines, two lines per maxcover
+    threshold, and dplloyd's routine re-seeds. A whole `dpspark run` process on a small table."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    path = write_delta(points_frame(200))
+    cfg_path, _ = make_config(tmp_path, path, seed=None, unsafe_fixed_seed=False, **{
+        "algorithm": {"name": "maxcover", "k": 3, "candidates": "grid", "candidate_count": 64},
+        "privacy.delta": 1e-6, "output.report": False})
+    env = {k: v for k, v in os.environ.items() if k not in ("DPSPARK_LEDGER", "PYSPARK_GATEWAY_PORT",
+                                                           "PYSPARK_GATEWAY_SECRET", "DPSPARK_LOG_LEVEL")}
+    done = subprocess.run([sys.executable, "-m", "dpspark.cli", "run", "--config", cfg_path], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    err = done.stderr
+    spark_lines = [line for line in err.splitlines() if re.search(r"\b(WARN|INFO)\b", line) and "[dpspark]" not in line]
+    assert spark_lines == [], spark_lines
+    assert "log4j profile" not in err and "setLogLevel" not in err
+    assert "threshold 1/" not in err and err.count("coverage loop") == 2  # its "..." and its "done in"
+
+
+def test_loop_passes_are_debug_lines_and_dplloyd_reseeds_are_not_warnings(spark, tmp_path, write_delta, monkeypatch):
+    """A loop's passes are DEBUG lines: shown with $DPSPARK_LOG_LEVEL=DEBUG (the command line's
+    configure_logging reads it), never at the default INFO."""
+    import logging
+
+    from dpspark.progress import log, step
+
+    path = write_delta(points_frame(100))
+    cfg_path, _ = make_config(tmp_path, path, **{"algorithm": {"name": "dplloyd", "k": 3, "variant": "allocation_nk",
+                                                              "iterations": 6}, "output.report": False})
+    records: list = []
+    handler = logging.Handler(level=logging.DEBUG)
+    handler.emit = records.append
+    level = log.level
+    log.addHandler(handler)
+    monkeypatch.setenv("DPSPARK_LOG_LEVEL", "DEBUG")
+    try:
+        assert main(["run", "--config", cfg_path, "--run-id", "loop"], spark=spark) == 0
+        with step("a pass of a loop", repeated=True):
+            pass
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    shown = [r.getMessage() for r in records if r.levelno >= logging.INFO]
+    debug = [r.getMessage() for r in records if r.levelno == logging.DEBUG]
+    assert not [m for m in shown if "Spark aggregation pass" in m or "re-seeded" in m or "a pass of a loop" in m], shown
+    assert any("iteration 1/6: Spark aggregation pass" in m for m in debug)
+    assert any("a pass of a loop done in" in m for m in debug)

@@ -163,7 +163,8 @@ def run_lloyd(
         if tiny.any():
             # Data-independent re-seed: a uniform point of the domain, never the old centroid kept silently.
             new[tiny] = domain.sample_unit(rng, int(tiny.sum()))
-            log.info("dplloyd %s: %d cluster(s) with noisy count < %g re-seeded uniformly in the domain", label, int(tiny.sum()), params.min_count)
+            # routine with merge_factor * k clusters (an empty one is re-seeded): DEBUG, counted in the trace
+            log.debug("dplloyd %s: %d cluster(s) with noisy count < %g re-seeded uniformly in the domain", label, int(tiny.sum()), params.min_count)
         trace.reseeded.append(int(tiny.sum()))
         centroids = domain.clip_unit(new)
     # A cluster re-seeded in the last iteration is a fresh public point: it carries no weight

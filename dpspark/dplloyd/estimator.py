@@ -91,7 +91,7 @@ class DPLloyd:
         try:
             centers_unit, noisy_weights, trace = core.run_lloyd(
                 spark_aggregate(cached, columns), self.domain, self.k, params, accountant,
-                randomness.public_rng("dplloyd"), epsilon, progress=lambda name: step(name, timings),
+                randomness.public_rng("dplloyd"), epsilon, progress=lambda name: step(name, timings, repeated=True),
             )
         finally:
             cached.unpersist()

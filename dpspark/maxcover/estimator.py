@@ -236,7 +236,8 @@ class MaxCover:
             max_signatures = signatures_within_result_limit(df.sparkSession, params.max_signatures, n_cand)
             provider = SparkCoverage(cached, columns, cand_unit, ts, p, max_signatures, counter, timings)
             eps_cov, delta_cov = budget["coverage"]
-            picks = core.run_coverage(provider, n_cand, ts, m, accountant, eps_cov, delta_cov)
+            with step(f"maxcover: coverage loop ({ts.size} thresholds, one pass each)"):
+                picks = core.run_coverage(provider, n_cand, ts, m, accountant, eps_cov, delta_cov)
             chosen = core.chosen_candidate_ids(picks)
             chosen_unit = cand_unit[chosen]
             provider.close()

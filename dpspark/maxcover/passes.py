@@ -250,7 +250,8 @@ class SparkCoverage:
 
         pick_pts, pick_t = self._picks(self._pending(covered_picks))
         fn = signature_aggregator(self.candidates, pick_pts, pick_t, float(self.thresholds[i]), self.p, self.columns)
-        with step(f"maxcover pass: signature histogram, threshold {i + 1}/{self.thresholds.size}", self.timings):
+        with step(f"maxcover pass: signature histogram, threshold {i + 1}/{self.thresholds.size}", self.timings,
+                  repeated=True):
             hist = (
                 self._current.mapInPandas(fn, "sig BINARY, n LONG")
                 .groupBy("sig").agg(F.sum("n").alias("n"))
@@ -298,7 +299,7 @@ class SparkCoverage:
         # Runs only for a threshold whose histogram stayed on the executors (data-dependent): in an
         # accounted run its lines are on the operator's log only.
         with step(f"maxcover histogram job: {label}, threshold {i + 1}, pick {len(picks) + 1}", self.timings,
-                  data_dependent=True):
+                  data_dependent=True, repeated=True):
             parts = rows.mapInArrow(fn, "cand INT, n LONG").toPandas()
             self.counter.add_histogram_job(kind)
         ids = parts["cand"].to_numpy(dtype=np.int64)
