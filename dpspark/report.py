@@ -1,29 +1,44 @@
 """report.png and report.html: what a person looks at first after a run.
 
 They show ONLY released (public) values: the released centers and their noisy
-weights, the privacy charges, the ledger totals, the run's public parameters and
-the public domain. Drawing them is post-processing: no privacy cost. The one
-exception is ``info["diagnostics"]`` (and the wall times in ``info["timings"]``,
+weights, the privacy charges, the ledger totals, the run's public parameters, the
+input (path, format and row filter: public configuration; the Delta version read
+when the runner passes one) and the public domain. Drawing them is post-processing:
+no privacy cost. The one exception is ``info["diagnostics"]`` (and the wall times in ``info["timings"]``,
 which the runner passes only together with them): non-private diagnostics that a
 user switched on explicitly; when present they are drawn and the figure says
 "NON-PRIVATE DIAGNOSTICS" in red.
 
-For d > 2 the centers are projected onto the first two principal components of
-the released CENTERS themselves (numpy SVD), never of the data, so the projection
-is post-processing of released values too.
+The header says what this run spent next to what it was configured to spend, and,
+apart from it, the input's balance in the ledger (all runs on it, against its cap).
+Noisy weights are written as readable numbers (``15,390``, ``-3``, ``12.5``: see
+``_fmt_weight``), the same in the figure and the html; their colour scale starts at 0
+(a negative noisy weight gets the bottom colour), so a small spread of large weights
+is not stretched over the whole colormap.
+
+With d <= 2 the axes are the features and show the whole PUBLIC domain (box: its
+bounds; ball: [-r, r]), drawn as a dashed outline, so the centers are seen where they
+lie in it. For d > 2 the centers are projected onto the first two principal components
+of the released CENTERS themselves (numpy SVD), never of the data, so the projection
+is post-processing of released values too; the footnote says the axes are projections.
 
 Read at a glance (nothing clipped or overprinted, for k up to 100, d up to 50, up
 to 12 charges and long names): the layout is computed in pixels with the Agg
 renderer before anything is drawn. The header's lines are wrapped to the figure's
 width and stacked; each panel gets its own region and its axes shrink until their
 tick labels, axis labels, title and colorbar fit inside it; long labels are wrapped
-or shortened with an ellipsis (the full text is in report.html and summary.json);
-center labels are placed where they overlap nothing and at most ``_MAX_LABELS`` are
-drawn; the run summary is a fixed-width text panel whose font shrinks (and, at the
-smallest size, whose lines are cut) until it fits. Centers that coincide (every
-coordinate within ``_VISUAL_TOLERANCE`` of the domain's width) are drawn as ONE
-marker labelled with their count ("x4"). When the centers span almost nothing, an
-axis shows the PUBLIC domain instead of a magnified speck.
+or shortened with an ellipsis (the full text is in report.html and summary.json; the
+input line keeps both ends of a long path); a rule (mechanism) in the charges panel is
+never cut: it is written whole in its row, in a smaller font if needed, or as a key
+("rule [1]") whose full text is in a legend under the rows; center labels are placed
+where they overlap nothing and at most ``_MAX_LABELS`` are drawn; the run summary is a
+fixed-width text panel whose font shrinks (and, at the smallest size, whose lines are
+cut) until it fits. Centers that coincide (every coordinate within
+``_VISUAL_TOLERANCE`` of the domain's width) are drawn as ONE marker labelled with
+their count ("x4"). Where the axes do not show the whole domain (d > 2, or no domain
+given) they zoom on the centers, except that when the centers span almost nothing an
+axis shows the domain (or, without one, the centers' own magnitude) instead of a
+magnified speck.
 
 Uses ``matplotlib.figure.Figure`` with the Agg canvas directly: no pyplot, so no
 global figure state leaks between runs or tests.
@@ -49,8 +64,9 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Circle, Rectangle
 from matplotlib.text import Text
+from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import Bbox
 
 from dpspark.degenerate import coinciding_groups
@@ -96,19 +112,24 @@ def build_figure(info: dict) -> Figure:
     Keys: run_id, algorithm, objective, k, epsilon_spent, delta_spent,
     epsilon_configured, delta_configured, centers (k lists, original units),
     noisy_weights (k floats), feature_names, charges (dicts: step, epsilon,
-    delta, rule), ledger (None or dict: spent_epsilon, spent_delta,
-    budget_epsilon, budget_delta, remaining_epsilon, ...), parameters (dict),
+    delta, rule), ledger (None or dict: spent_epsilon, spent_delta (the
+    input's totals), budget_epsilon, budget_delta (the cap in force for this
+    run), ledger_cap_epsilon, ledger_cap_delta (the ledger's own cap),
+    remaining_epsilon, ...), parameters (dict),
     timings (step -> s; non-private, only with diagnostics), seed_note (None or
     str), diagnostics (None or dict, NON-PRIVATE: e.g. true_cost, data_sample
     (m, d) in original units), degenerate (None or the dict of
     ``dpspark.degenerate.describe_collapse``: drawn as a red warning), domain
     (optional, PUBLIC: {"lower": [...], "upper": [...]} or {"radius": R}; sets
-    the tolerance for coinciding centers and the axes when the centers span
-    almost nothing).
+    the tolerance for coinciding centers, the axes for d <= 2 and, for d > 2, the
+    axes when the centers span almost nothing), input (optional, PUBLIC
+    configuration: {"path", "version" (the Delta version read, or None), "where"
+    (the row filter, or None), "format"}; missing: no input line).
 
-    Panels: (a) centers sized and colored by noisy weight; (b) epsilon per
-    charged step; (c) text: privacy spent vs configured, ledger, parameters,
-    timings.
+    Header: title, input, privacy spent by this run (and configured for it), the
+    ledger's balance for the input, warnings. Panels: (a) centers sized and
+    colored by noisy weight; (b) epsilon per charged step; (c) text: privacy spent
+    vs configured, ledger, parameters, timings.
     """
     centers = np.asarray(info.get("centers") or [], dtype=float)
     if centers.ndim == 1:  # k = 0 rows or a flat list of 1-D centers
@@ -164,6 +185,30 @@ def _fmt(value) -> str:
     return f"{v:.4g}"
 
 
+def _fmt_weight(value) -> str:
+    """A noisy weight (a noisy count: may be negative) for reading, the same in the figure and the html.
+
+    Thousands are grouped and there is no exponent below 1e15: ``15,390``, ``-3``, ``12.5``,
+    ``0.25``; from 100 on, whole numbers (the noise is far above a fraction of a count).
+    """
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return "-" if value is None else str(value)
+    if not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    a = abs(v)
+    if a >= 1e15:
+        text = f"{v:.3g}"
+    elif a >= 100:
+        text = f"{v:,.0f}"
+    elif a >= 1:
+        text = f"{v:.3g}"
+    else:
+        text = f"{v:.2f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
 def _place(ax, x0, y0, x1, y1) -> None:
     """Put ``ax`` at the pixel box (x0, y0, x1, y1) of its figure."""
     W, H = ax.figure.bbox.width, ax.figure.bbox.height
@@ -188,15 +233,21 @@ def _ellipsize(t, text: str, max_px: float, r, keep: str = "start") -> None:
 
 
 def _cut(text: str, n: int, keep: str) -> str:
+    """``text`` shortened to ``n`` of its characters and an ellipsis: keep its "start", its "end",
+    or both ends ("middle": the ellipsis replaces the middle, e.g. of a path)."""
     if n >= len(text):
         return text
     if keep == "end":
         return _ELLIPSIS + text[len(text) - n:]
+    if keep == "middle":
+        tail = n // 2
+        return text[: n - tail] + _ELLIPSIS + (text[len(text) - tail:] if tail else "")
     return text[:n].rstrip() + _ELLIPSIS
 
 
-def _wrap(t, text: str, max_px: float, r, max_lines: int | None = None) -> None:
-    """Set ``t``'s text wrapped at spaces (a long word is broken) so no line is wider than ``max_px``.
+def _wrap(t, text: str, max_px: float, r, max_lines: int | None = None, break_words: bool = True) -> None:
+    """Set ``t``'s text wrapped at spaces (a long word is broken unless ``break_words`` is False) so no
+    line is wider than ``max_px`` (without breaking words, a word wider than that stays whole).
 
     Each input line keeps its indentation (continuation lines get two more spaces). Beyond
     ``max_lines`` lines the text is cut and the last kept line ends with an ellipsis.
@@ -212,7 +263,8 @@ def _wrap(t, text: str, max_px: float, r, max_lines: int | None = None) -> None:
         lines = []
         for p in paragraphs:
             indent = p[: len(p) - len(p.lstrip())]
-            lines += textwrap.wrap(p, width=width, subsequent_indent=indent + "  ", break_on_hyphens=False) or [""]
+            lines += textwrap.wrap(p, width=width, subsequent_indent=indent + "  ", break_on_hyphens=False,
+                                   break_long_words=break_words) or [""]
         if max_lines is not None and len(lines) > max_lines:
             lines = lines[:max_lines]
             lines[-1] = _cut(lines[-1], max(len(lines[-1]) - 2, 1), "start")
@@ -266,7 +318,8 @@ def _inside(a, box) -> bool:
 
 
 def _draw_header(fig, r, info, k, diagnostics) -> float:
-    """Title, privacy spent and the warnings, stacked from the top; returns the bottom (pixels)."""
+    """Title, input, privacy spent, the ledger and the warnings, stacked from the top; returns the bottom
+    (pixels)."""
     W, H = fig.bbox.width, fig.bbox.height
     width = W - 2 * _PAD
     y = H - _PAD
@@ -286,8 +339,13 @@ def _draw_header(fig, r, info, k, diagnostics) -> float:
         y = H - _PAD  # start again at the top
         title.remove()
         line(f"{run}\n{what}", 3, fontsize=15, fontweight="bold")
-    line(f"privacy spent: \u03b5 = {_fmt(info.get('epsilon_spent'))} of {_fmt(info.get('epsilon_configured'))}, "
-         f"\u03b4 = {_fmt(info.get('delta_spent'))} of {_fmt(info.get('delta_configured'))}", 2, fontsize=11)
+    source = _input_parts(info.get("input"))
+    if source is not None:  # one line: a long path loses its middle, a long filter its end
+        t = fig.text(_PAD / W, y / H, "", ha="left", va="top", fontsize=10.5)
+        _fit_input(t, *source, width, r)
+        y -= t.get_window_extent(r).height + 6.0
+    line(_spent_text(info), 2, fontsize=11)
+    line(_ledger_text(info.get("ledger")), 2, fontsize=11)
     seed_note = info.get("seed_note")
     if seed_note:
         text = str(seed_note)
@@ -305,6 +363,83 @@ def _draw_header(fig, r, info, k, diagnostics) -> float:
         line(text, 5, boxed=True, color="#a00000", fontsize=11, fontweight="bold",
              bbox=dict(facecolor="#fff0f0", edgecolor="#c00000", boxstyle="round,pad=0.3"))
     return y
+
+
+def _spent_text(info) -> str:
+    """What this run spent, and what it was configured to spend (both PUBLIC: charged totals and config)."""
+    return (f"privacy spent by this run: \u03b5 = {_fmt(info.get('epsilon_spent'))}, "
+            f"\u03b4 = {_fmt(info.get('delta_spent'))} (configured for the run: "
+            f"\u03b5 = {_fmt(info.get('epsilon_configured'))}, \u03b4 = {_fmt(info.get('delta_configured'))})")
+
+
+def _ledger_text(ledger) -> str:
+    """The input's balance in the ledger (all runs on it, this one included), apart from this run's spend.
+
+    ``ledger`` is the runner's ``_ledger_view``: spent_* (the input's totals), budget_* (the cap in force
+    for this run: the ledger's, or the run's lower request; None: no cap) and ledger_cap_* (the ledger's
+    own cap), or None when no ledger is configured.
+    """
+    if not isinstance(ledger, dict):
+        return "ledger: none configured (nothing records or caps what runs on this input spend)"
+    parts = []
+    for key, symbol in (("epsilon", "\u03b5"), ("delta", "\u03b4")):
+        spent, cap, own = ledger.get(f"spent_{key}"), ledger.get(f"budget_{key}"), ledger.get(f"ledger_cap_{key}")
+        if cap is None:
+            parts.append(f"spent {symbol} = {_fmt(spent)} (no cap)")
+            continue
+        text = f"spent {symbol} = {_fmt(spent)} of cap {_fmt(cap)}"
+        if own is not None and _fmt(own) != _fmt(cap):
+            text += f" (lowered for this run; the ledger's cap is {_fmt(own)})"
+        parts.append(text)
+    return "ledger for this input (all runs, this one included): " + ", ".join(parts)
+
+
+def _input_parts(source):
+    """(path, details, where) of ``info["input"]``, or None when it is missing (older callers).
+
+    ``source`` is PUBLIC configuration: path, format, the Delta version read (None: not given) and
+    the row filter ``where`` (None: all rows).
+    """
+    if not isinstance(source, dict) or not source.get("path"):
+        return None
+    details = [str(source["format"])] if source.get("format") else []
+    if source.get("version") is not None:
+        details.append(f"version {source['version']}")
+    where = source.get("where")
+    where = " ".join(str(where).split()) if where is not None else ""  # one line
+    return str(source["path"]), (f" ({', '.join(details)})" if details else ""), where
+
+
+def _input_line(path, details, where) -> str:
+    """'input: PATH (delta, version 7); rows where WHERE' (or '; all rows (no row filter)')."""
+    return f"input: {path}{details}; " + (f"rows where {where}" if where else "all rows (no row filter)")
+
+
+def _fit_input(t, path, details, where, max_px, r) -> None:
+    """Set ``t`` to the input line, in one line of at most ``max_px``: a long path keeps its two ends
+    and a long filter its start (both are in full in report.html)."""
+    t.set_text(_input_line(path, details, where))
+    if t.get_window_extent(r).width <= max_px:
+        return
+    t.set_text(_input_line("", details, "x" if where else ""))
+    room = max(max_px - t.get_window_extent(r).width - 4.0, 40.0)
+    widths = []
+    for part in (path, where):
+        t.set_text(part)
+        widths.append(t.get_window_extent(r).width if part else 0.0)
+    path_px, where_px = widths
+    if path_px <= room / 2:  # the shorter one keeps what it needs, the other gets the rest
+        path_max, where_max = path_px, room - path_px
+    elif where_px <= room / 2:
+        path_max, where_max = room - where_px, where_px
+    else:
+        path_max, where_max = room / 2, room / 2
+    _ellipsize(t, path, path_max, r, keep="middle")
+    short_path = t.get_text()
+    if where:
+        _ellipsize(t, where, where_max, r)
+    short_where = t.get_text() if where else ""
+    _ellipsize(t, _input_line(short_path, details, short_where), max_px, r)  # (the parts were measured apart)
 
 
 # --------------------------------------------------------------------------
@@ -332,6 +467,30 @@ def _domain(dom, d: int):
     except (TypeError, ValueError):
         pass
     return None
+
+
+def _domain_outline(domain, d: int):
+    """The public domain as a dashed patch in data units (d <= 2): a box's rectangle, a ball's circle;
+    with one feature, the interval [lo, hi] over the panel's height."""
+    style = dict(fill=False, edgecolor="0.35", linestyle="--", linewidth=1.2, zorder=2)
+    if domain["radius"] is not None:
+        radius = domain["radius"]
+        if d == 2:
+            return Circle((0.0, 0.0), radius, **style)
+        return Rectangle((-radius, -1.0), 2 * radius, 2.0, **style)
+    lo = domain["center"] - domain["half"]
+    if d == 2:
+        return Rectangle((lo[0], lo[1]), 2 * domain["half"][0], 2 * domain["half"][1], **style)
+    return Rectangle((lo[0], -1.0), 2 * domain["half"][0], 2.0, **style)
+
+
+def _domain_text(domain) -> str:
+    """'box [0, 1000] x [0, 1000]' or 'ball of radius 5 around 0' (PUBLIC, original units)."""
+    if domain["radius"] is not None:
+        text = f"ball of radius {_fmt(domain['radius'])} around 0"
+        return text + (f": [{_fmt(-domain['radius'])}, {_fmt(domain['radius'])}]" if len(domain["widths"]) == 1 else "")
+    lo, hi = domain["center"] - domain["half"], domain["center"] + domain["half"]
+    return "box " + " x ".join(f"[{_fmt(a)}, {_fmt(b)}]" for a, b in zip(lo, hi))
 
 
 def _drawing_unit(centers: np.ndarray, domain) -> float:
@@ -363,17 +522,20 @@ def _project(centers: np.ndarray, names: list[str]):
     var = s**2
     share = var / var.sum() if var.sum() > 0 else np.zeros_like(var)
     shares = [share[i] if i < share.shape[0] else 0.0 for i in range(2)]
-    note = f"d = {d}: projected onto the first 2 principal components of the released centers (not of the data)"
+    note = (f"d = {d}: the axes are projections onto the first 2 principal components of the released centers "
+            "(not of the data), not features; the public domain is not drawn")
     return (mean, vt[:2].T, f"PC1 of released centers ({100 * shares[0]:.0f}% of their variance)",
             f"PC2 of released centers ({100 * shares[1]:.0f}% of their variance)", note)
 
 
-def _axis_limits(values, mean, b, domain):
+def _axis_limits(values, mean, b, domain, whole=False):
     """Limits of one axis (the centers' coordinates ``values`` along basis vector ``b``).
 
-    When the centers span less than _ZOOM_MIN of the domain's extent along this axis, the
-    axis shows the whole domain: a speck is not magnified into a spread. Returns
-    (lo, hi, shows_the_domain).
+    ``whole``: the axis shows the whole domain (and any center outside it): d <= 2 with a public
+    domain, where the axes are features and the domain is drawn. Otherwise (a projection, or no
+    public domain: ``domain`` is then the centers' own scale) the axis zooms on the centers, except
+    when they span less than _ZOOM_MIN of the domain's extent along it: then it shows the whole
+    domain, so a speck is not magnified into a spread. Returns (lo, hi, shows_the_domain).
     """
     v = values[np.isfinite(values)]
     c = float((domain["center"] - mean) @ b)
@@ -386,7 +548,7 @@ def _axis_limits(values, mean, b, domain):
         return dlo - 0.05 * half, dhi + 0.05 * half, True
     lo, hi = float(v.min()), float(v.max())
     span = hi - lo
-    if span < _ZOOM_MIN * (dhi - dlo):
+    if whole or span < _ZOOM_MIN * (dhi - dlo):
         lo, hi = min(lo, dlo), max(hi, dhi)
         pad = 0.05 * (hi - lo)
         return lo - pad, hi + pad, True
@@ -406,6 +568,7 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
     # Extreme magnitudes (e.g. a public domain like [-1e300, 1e300]) are drawn in units of a power
     # of ten, so no difference, square (projection) or axis limit overflows.
     unit = _drawing_unit(centers, domain)
+    public = domain  # in original units, for the footnote
     if unit != 1.0:
         centers = centers / unit
         if domain is not None:
@@ -454,30 +617,36 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
     # Marker area (points^2) grows with |weight|; smaller markers when there are many.
     shrink = 1.0 / math.sqrt(max(1.0, len(groups) / 10.0))
     sizes = 60.0 * max(shrink, 0.5) + (500.0 * shrink * np.nan_to_num(mag) / top if top > 0 else np.zeros(len(mag)))
+    # The colour scale starts at 0 (a negative noisy weight gets the bottom colour): colours are
+    # comparable between runs, and a tiny spread of large weights is not stretched over the colormap.
     finite_w = gweights[np.isfinite(gweights)]
-    lo, hi = (float(finite_w.min()), float(finite_w.max())) if finite_w.size else (0.0, 0.0)
-    if hi <= lo:  # all equal (e.g. all zero): widen so the colormap is defined
-        lo, hi = lo - 0.5, hi + 0.5
+    top_w = float(finite_w.max()) if finite_w.size else 0.0
     negative = gweights < 0
     order = np.argsort(-sizes, kind="stable")  # big markers first, small ones on top
     sc = ax.scatter(
-        xy[order, 0], xy[order, 1], s=sizes[order], c=gweights[order], cmap="viridis", norm=Normalize(lo, hi),
+        xy[order, 0], xy[order, 1], s=sizes[order], c=gweights[order], cmap="viridis",
+        norm=Normalize(0.0, top_w if top_w > 0 else 1.0, clip=True),
         edgecolors=np.where(negative[order], "red", "black").tolist(),
         linewidths=np.where(negative[order], 2.0, 0.8), zorder=3, label="released center",
     )
 
-    # Axis limits (a speck is shown within the public domain, not magnified).
+    # Axis limits. d <= 2 with a public domain: the axes are the domain (drawn as a dashed outline),
+    # so the centers are seen where they lie in it. Otherwise (d > 2: projections; no public domain):
+    # the axes zoom on the centers, but a speck is shown within the domain, not magnified.
+    whole = given_domain and d <= 2
     from_domain = []
-    xlo, xhi, fx = _axis_limits(proj[:, 0], mean, basis[:, 0], domain)
+    xlo, xhi, fx = _axis_limits(proj[:, 0], mean, basis[:, 0], domain, whole)
     ax.set_xlim(xlo, xhi)
     from_domain.append(fx)
     if d == 1:
         ax.set_ylim(-1.0, 1.0)
         ax.set_yticks([])
     else:
-        ylo, yhi, fy = _axis_limits(proj[:, 1], mean, basis[:, 1], domain)
+        ylo, yhi, fy = _axis_limits(proj[:, 1], mean, basis[:, 1], domain, whole)
         ax.set_ylim(ylo, yhi)
         from_domain.append(fy)
+    if whole:
+        ax.add_patch(_domain_outline(domain, d))
     ax.grid(True, alpha=0.3)
     if diagnostics is not None:
         ax.legend(loc="upper right", fontsize=8)
@@ -486,7 +655,9 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
     footer = []
     if note:
         footer.append(note)
-    if any(from_domain):
+    if whole:
+        footer.append(f"dashed outline: the public domain ({_domain_text(public)}); the axes show all of it")
+    elif any(from_domain):
         where = "both axes" if all(from_domain) and len(from_domain) == 2 else "an axis"
         footer.append(f"the centers span less than {100 * _ZOOM_MIN:.0f}% of the public domain along {where}: "
                       "it shows the whole domain" if given_domain else
@@ -496,7 +667,7 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
         footer.append(f"#j xN: N released centers at one point (every coordinate within {_VISUAL_TOLERANCE:g} of "
                       "the domain's width), j the first; one marker, their summed weight")
     if negative.any():
-        footer.append("red edge / label = negative noisy weight (size uses |weight|)")
+        footer.append("red edge / label = negative noisy weight (size uses |weight|, color that of 0)")
     foot = fig.text(x0 / fig.bbox.width, y0 / fig.bbox.height, "", fontsize=9, va="bottom", ha="left",
                     style="italic")
     label_note_index = len(footer)
@@ -508,10 +679,10 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
 
     # Fit the axes and the colorbar into the region above the footnotes.
     cax = fig.add_axes((0.9, 0.1, 0.01, 0.5))
-    cbar = fig.colorbar(sc, cax=cax)
+    cbar = fig.colorbar(sc, cax=cax, extend="min" if negative.any() else "neither")  # the arrow: below 0
     cbar.set_label("noisy weight (released)")
-    if finite_w.size and float(finite_w.min()) == float(finite_w.max()):  # one value: one tick, no offset
-        cbar.set_ticks([float(finite_w[0])], labels=[_fmt(finite_w[0])])
+    cbar.formatter = FuncFormatter(lambda v, _pos: _fmt_weight(v))  # as the labels: 15,390, not 1.539e+04
+    cbar.update_ticks()
     area = (x0, y0 + foot_h + _GAP, x1, y1)
     xl = ax.set_xlabel(xlabel)
     yl = ax.set_ylabel(ylabel)
@@ -535,7 +706,8 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
     texts = {}
     for g in priority:
         j = int(first[g])
-        texts[g] = f"#{j}: {gweights[g]:+.4g}" if counts[g] == 1 else f"#{j} x{counts[g]}: {gweights[g]:+.4g}"
+        texts[g] = (f"#{j}: {_fmt_weight(gweights[g])}" if counts[g] == 1
+                    else f"#{j} x{counts[g]}: {_fmt_weight(gweights[g])}")
     obstacles = [lg.get_window_extent(r) for lg in [ax.get_legend()] if lg is not None]
     labeled = _place_labels(ax, r, xy, pix, radius, priority, texts, negative, obstacles, one_d=d == 1)
     if labeled < len(groups):
@@ -655,8 +827,8 @@ def _group_charges(charges, limit=12):
         g["delta"] += float(c.get("delta") or 0.0)
         if c.get("rule") and c["rule"] not in g["rules"]:
             g["rules"].append(c["rule"])
-    return [{"step": g["step"], "epsilon": g["epsilon"], "delta": g["delta"], "rule": "; ".join(g["rules"])}
-            for g in groups.values()]
+    return [{"step": g["step"], "epsilon": g["epsilon"], "delta": g["delta"], "rule": "; ".join(g["rules"]),
+             "rules": g["rules"]} for g in groups.values()]
 
 
 def _charge_rows(charges):
@@ -671,33 +843,82 @@ def _charge_rows(charges):
     return rows
 
 
+def _row_rules(c) -> list[str]:
+    """The composition/mechanism rules of one row of panel (b) (a grouped row has several)."""
+    if "rules" in c:
+        return [str(x) for x in c["rules"] if x]
+    return [str(c["rule"])] if c.get("rule") else []
+
+
+def _rules_fit(r, probe, values, rules, value_w, two_lines, sizes):
+    """The largest font size in ``sizes`` at which every row's rule is written in full in its
+    column (under its epsilon and delta, or after them), or None."""
+    for size in sizes:
+        probe.set_fontsize(size)
+        for value, rule in zip(values, rules):
+            probe.set_text(rule if two_lines else value + (f"; {rule}" if rule else ""))
+            if rule and probe.get_window_extent(r).width > value_w:
+                break
+        else:
+            return size
+    return None
+
+
 def _draw_charges(fig, r, ax, span, charges) -> float:
-    """Panel (b) as rows: step label | bar of epsilon | 'eps, delta, rule'. Returns its bottom (pixels)."""
+    """Panel (b) as rows: step label | bar of epsilon | 'eps, delta, rule'. Returns its bottom (pixels).
+
+    A rule (mechanism, composition) is never cut: it is written in full in its row, in a smaller
+    font if needed, or else as a key ("[1]") whose full text is in a legend under the rows.
+    """
     x0, x1, top = span
     ax.set_title("(b) privacy spent per step (\u03b5 bar, \u03b5 and \u03b4 written)", fontsize=12, loc="left")
     ax.axis("off")
     rows = _charge_rows(charges)
     two_lines = 0 < len(rows) <= 6
-    probe = fig.text(0, 0, "Ag\nAg" if two_lines else "Ag", fontsize=8.5)
+    w = x1 - x0
+    label_w, bar_x, bar_w, value_x = 0.44 * w, 0.455 * w, 0.18 * w, 0.65 * w
+    value_w = w - value_x - 2
+    eps = np.array([float(c.get("epsilon") or 0.0) for c in rows])
+    values = [f"\u03b5 = {_fmt(eps[i])}, \u03b4 = {_fmt(c.get('delta', 0.0))}" for i, c in enumerate(rows)]
+    rules = ["; ".join(_row_rules(c)) for c in rows]
+    probe = fig.text(0, 0, "", fontsize=8.5)
+    rule_size = _rules_fit(r, probe, values, rules, value_w, two_lines,
+                           (8.0, 7.5, 7.0) if two_lines else (8.5, 8.0, 7.5, 7.0))
+    legend = []  # distinct rules in order, when they are written as keys
+    if rule_size is None:
+        for c in rows:
+            legend += [x for x in _row_rules(c) if x not in legend]
+        rules = [("rule " if c.get("rule") else "") + ", ".join(f"[{legend.index(x) + 1}]" for x in _row_rules(c))
+                 for c in rows]
+        rule_size = 8.0 if two_lines else 8.5
+    probe.set_fontsize(8.5)
+    probe.set_text("Ag\nAg" if two_lines else "Ag")
     row_h = probe.get_window_extent(r).height + 6
     probe.remove()
-    height = (max(len(rows), 1) + 1) * row_h
+    key = None
+    if legend:  # under the rows, each rule in full, wrapped between words only
+        key = ax.text(0, 0, "", ha="left", va="top", fontsize=8, color="0.25")
+        text = "\n".join(f"[{i + 1}] {x}" for i, x in enumerate(legend))
+        for size in (8.0, 7.5, 7.0, 6.5):
+            key.set_fontsize(size)
+            _wrap(key, text, w - 4, r, break_words=False)
+            if key.get_window_extent(r).width <= w - 4:
+                break
+    key_h = key.get_window_extent(r).height + 6 if key is not None else 0.0
+    height = (max(len(rows), 1) + 1) * row_h + key_h
     # The title sits above the axes: measure how far, so title and axes fit under ``top``.
     _place(ax, x0, top - 40 - height, x1, top - 40)
     title_h = ax.title.get_window_extent(r).y1 - ax.bbox.y1
     _place(ax, x0, top - title_h - 2 - height, x1, top - title_h - 2)
-    w = x1 - x0
     ax.set_xlim(0, w)
     ax.set_ylim(-height, 0)  # data units are pixels, rows downwards from the top
     if not rows:
         ax.text(w / 2, -height / 2, "no charges recorded", ha="center", va="center", fontsize=10)
         return ax.bbox.y0
-    label_w, bar_x, bar_w, value_x = 0.44 * w, 0.455 * w, 0.18 * w, 0.65 * w
-    value_w = w - value_x - 2
     grey = "0.35"
-    for x, text in ((0, "step"), (bar_x, "\u03b5 (bar)"), (value_x, "\u03b5, \u03b4; rule")):
+    for x, text in ((0, "step"), (bar_x, "\u03b5 (bar)"),
+                    (value_x, "\u03b5, \u03b4; rule" + (" [key below]" if legend else ""))):
         ax.text(x, -row_h / 2, text, ha="left", va="center", fontsize=8.5, color=grey, fontweight="bold")
-    eps = np.array([float(c.get("epsilon") or 0.0) for c in rows])
     biggest = float(eps.max()) if eps.size and eps.max() > 0 else 1.0
     for i, c in enumerate(rows):
         yc = -(i + 1.5) * row_h
@@ -708,16 +929,15 @@ def _draw_charges(fig, r, ax, span, charges) -> float:
             _ellipsize(label, str(c.get("step", "?")), label_w, r)
         ax.add_patch(Rectangle((bar_x, yc - row_h * 0.3), max(bar_w * eps[i] / biggest, 0.0), row_h * 0.6,
                                color="tab:blue", alpha=0.8))
-        value = f"\u03b5 = {_fmt(eps[i])}, \u03b4 = {_fmt(c.get('delta', 0.0))}"
-        rule = str(c.get("rule") or "")
-        if two_lines and rule:  # epsilon and delta above, the rule below in grey
+        if two_lines and rules[i]:  # epsilon and delta above, the rule below in grey
             v = ax.text(value_x, yc, "", ha="left", va="bottom", fontsize=8.5)
-            _ellipsize(v, value, value_w, r)
-            ax.text(value_x, yc, "", ha="left", va="top", fontsize=8, color=grey)
-            _ellipsize(ax.texts[-1], rule, value_w, r)
+            _ellipsize(v, values[i], value_w, r)
+            ax.text(value_x, yc, rules[i], ha="left", va="top", fontsize=rule_size, color=grey)
         else:
-            v = ax.text(value_x, yc, "", ha="left", va="center", fontsize=8.5)
-            _ellipsize(v, value + (f"; {rule}" if rule else ""), value_w, r)
+            v = ax.text(value_x, yc, "", ha="left", va="center", fontsize=rule_size if rules[i] else 8.5)
+            _ellipsize(v, values[i] + (f"; {rules[i]}" if rules[i] else ""), value_w, r)
+    if key is not None:
+        key.set_position((2, -(len(rows) + 1) * row_h - 4))
     return ax.bbox.y0
 
 
@@ -730,8 +950,9 @@ def _summary_lines(info, k) -> tuple[list[str], list[str]]:
     """(left column, right column) of panel (c): privacy, ledger, run | parameters, timings."""
     left = [
         "Privacy (this run)",
-        f"  epsilon spent {_fmt(info.get('epsilon_spent'))} of configured {_fmt(info.get('epsilon_configured'))}",
-        f"  delta   spent {_fmt(info.get('delta_spent'))} of configured {_fmt(info.get('delta_configured'))}",
+        f"  spent by this run:      epsilon {_fmt(info.get('epsilon_spent'))}, delta {_fmt(info.get('delta_spent'))}",
+        f"  configured for the run: epsilon {_fmt(info.get('epsilon_configured'))}, "
+        f"delta {_fmt(info.get('delta_configured'))}",
         "",
         "Ledger (this input, all runs incl. this one)",
     ]
@@ -748,7 +969,7 @@ def _summary_lines(info, k) -> tuple[list[str], list[str]]:
                 remaining = ledger.get(f"remaining_{key}")
                 if remaining is None and spent is not None:
                     remaining = float(budget) - float(spent)
-                left.append(f"  {label} spent {_fmt(spent)} of budget {_fmt(budget)}, remaining {_fmt(remaining)}")
+                left.append(f"  {label} spent {_fmt(spent)} of cap {_fmt(budget)}, remaining {_fmt(remaining)}")
     left += ["", "Run", f"  k = {info.get('k', k)}, objective = {info.get('objective', '?')}",
              f"  algorithm = {info.get('algorithm', '?')}"]
     degenerate = info.get("degenerate")
@@ -818,7 +1039,8 @@ def _table(header: list[str], rows: list[list]) -> str:
 def build_html(info: dict, png: bytes | None = None) -> str:
     """``report.html`` for one run: ``png`` (report.png's bytes) inlined, then tables of released values.
 
-    Post-processing of the same ``info`` as :func:`build_figure`; every value is HTML-escaped.
+    Post-processing of the same ``info`` as :func:`build_figure`; every value is HTML-escaped. The
+    input line, the privacy spent and the ledger read as in the figure's header, in full.
     Diagnostics (non-private) are shown only when present, under a red NON-PRIVATE banner;
     a degenerate result (``info["degenerate"]``) is a red warning at the top.
     """
@@ -829,10 +1051,12 @@ def build_html(info: dict, png: bytes | None = None) -> str:
         names = [f"x{i}" for i in range(centers.shape[1])]
     title = (f"dpspark run {info.get('run_id', '?')}: {info.get('algorithm', '?')}, "
              f"{info.get('objective', '?')}, k = {info.get('k', len(weights))}")
-    parts = [f"<h1>{html.escape(title)}</h1>",
-             f"<p class='spent'>privacy spent: &epsilon; = {html.escape(_fmt(info.get('epsilon_spent')))} of "
-             f"{html.escape(_fmt(info.get('epsilon_configured')))}, &delta; = {html.escape(_fmt(info.get('delta_spent')))} "
-             f"of {html.escape(_fmt(info.get('delta_configured')))}</p>"]
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    source = _input_parts(info.get("input"))
+    if source is not None:  # in full (the figure may shorten it)
+        parts.append(f"<p class='input'>{html.escape(_input_line(*source))}</p>")
+    parts += [f"<p class='spent'>{html.escape(_spent_text(info))}</p>",
+              f"<p class='spent'>{html.escape(_ledger_text(info.get('ledger')))}</p>"]
     if info.get("seed_note"):
         parts.append(f"<p class='warn'>{html.escape(str(info['seed_note']))}</p>")
     degenerate = info.get("degenerate")
@@ -848,7 +1072,8 @@ def build_html(info: dict, png: bytes | None = None) -> str:
         parts.append(f"<p class='warn'>{NON_PRIVATE_LABEL}: computed from the data, do not publish</p>")
     if png:
         parts.append(f"<img alt='report.png' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
-    rows = [[i, *(_fmt(v) for v in c), _fmt(w)] for i, (c, w) in enumerate(zip(centers.reshape(len(weights), -1), weights))]
+    rows = [[i, *(_fmt(v) for v in c), _fmt_weight(w)]
+            for i, (c, w) in enumerate(zip(centers.reshape(len(weights), -1), weights))]
     parts += ["<h2>Released centers (original units) and noisy weights</h2>",
               _table(["cluster", *names, "noisy weight"], rows)]
     charges = info.get("charges") or []
@@ -864,8 +1089,10 @@ def build_html(info: dict, png: bytes | None = None) -> str:
         for key in ("epsilon", "delta"):
             spent, budget = ledger.get(f"spent_{key}"), ledger.get(f"budget_{key}")
             remaining = None if budget is None or spent is None else float(budget) - float(spent)
-            lrows.append([key, _fmt(spent), "no cap" if budget is None else _fmt(budget), _fmt(remaining)])
-        parts.append(_table(["", "spent", "budget", "remaining"], lrows))
+            lrows.append([key, _fmt(spent), "no cap" if budget is None else _fmt(budget),
+                          _fmt(ledger.get(f"ledger_cap_{key}")), _fmt(remaining)])
+        parts.append(_table(["", "spent (all runs on this input)", "cap for this run", "the ledger's cap",
+                             "remaining"], lrows))
     params = info.get("parameters") or {}
     parts += ["<h2>Parameters (public)</h2>",
               _table(["key", "value"], [[k, v if isinstance(v, str) else json.dumps(v, default=str)] for k, v in params.items()])]
@@ -879,7 +1106,8 @@ def build_html(info: dict, png: bytes | None = None) -> str:
                                             for k, v in diagnostics.items() if k != "data_sample"])]
     style = ("body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;margin:0.5em 0 1.5em}"
              " td,th{border:1px solid #bbb;padding:3px 8px;text-align:left;font-size:13px;overflow-wrap:anywhere}"
-             " img{max-width:100%;height:auto} .warn{color:#b00;font-weight:bold} .spent{font-size:18px}"
+             " img{max-width:100%;height:auto} .warn{color:#b00;font-weight:bold} .spent{font-size:18px;margin:0.3em 0}"
+             " .input{font-size:16px;overflow-wrap:anywhere}"
              " .degenerate{border:2px solid #c00;background:#fff0f0;padding:0 1em;margin:1em 0}")
     return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"

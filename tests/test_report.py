@@ -5,13 +5,16 @@ with n) only together with the other non-private diagnostics; the ledger view of
 ledger, whose cap is the ledger's; the runner's NOT PRIVATE note for a fixed-seed run.
 """
 
+import html
+
 import numpy as np
 import pytest
 from matplotlib.collections import PathCollection
+from matplotlib.patches import Circle, Rectangle
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from dpspark.report import NON_PRIVATE_LABEL, _fmt, build_figure, build_html, write_report
+from dpspark.report import NON_PRIVATE_LABEL, build_figure, build_html, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SEED_NOTE = "NOT PRIVATE: fixed seed (testing aid)"  # summary["privacy_note"] of a seeded run
@@ -146,15 +149,16 @@ def test_seed_note_is_red(note):
 
 
 @pytest.mark.parametrize(
-    "weights, d",
-    [([0.0], 2), ([0.0, 0.0, 0.0], 3), ([-12.5, 40.0, -0.5], 2), ([-3.0], 1), ([5.0], 10)],
+    "weights, d, labels",
+    [([0.0], 2, ["0"]), ([0.0, 0.0, 0.0], 3, ["0", "0", "0"]), ([-12.5, 40.0, -0.5], 2, ["-12.5", "40", "-0.5"]),
+     ([-3.0], 1, ["-3"]), ([5.0], 10, ["5"])],
 )
-def test_edge_cases_k1_zero_and_negative_weights(tmp_path, weights, d):
+def test_edge_cases_k1_zero_and_negative_weights(tmp_path, weights, d, labels):
     info = make_info(d=d, k=len(weights), weights=weights)
     fig = build_figure(info)
     joined = "\n".join(figure_texts(fig))
-    for j, w in enumerate(weights):
-        assert f"#{j}: {w:+.4g}" in joined  # sign shown in the label
+    for j, label in enumerate(labels):
+        assert f"#{j}: {label}" in joined  # a negative weight keeps its sign
     write_report(tmp_path / "r.png", info)
     assert_png(tmp_path / "r.png")
 
@@ -208,8 +212,10 @@ def test_html_page_lists_every_released_value_and_escapes_names():
     page = build_html(info, png=PNG_MAGIC + b"rest")
     assert "<script>alert" not in page and "&lt;script&gt;" in page
     assert "data:image/png;base64,iVBORw0KGgpyZXN0" in page  # the PNG bytes, inlined
+    from dpspark.report import _fmt_weight
+
     for w in info["noisy_weights"]:
-        assert f"<td>{_fmt(w)}</td></tr>" in page  # last cell of each center row
+        assert f"<td>{_fmt_weight(w)}</td></tr>" in page  # last cell of each center row
     assert page.count("iteration ") == 12  # every charge, none grouped away
     assert SEED_NOTE in page and "remaining" in page
     assert NON_PRIVATE_LABEL not in page
@@ -242,7 +248,8 @@ DEGENERATE = {"distinct_centers": 1, "k": 4, "top_weight_share": 0.997,
 
 def hard_info(k, d, *, charges=12, identical=False, diagnostics=False, seed_note=None, domain=True, degenerate=None,
               ledger=True):
-    """A run with long labels everywhere: long run id, feature names, step labels and rules, parameters."""
+    """A run with long labels everywhere: long run id, input path and filter, feature names, step labels and
+    rules, parameters."""
     rng = np.random.default_rng(k * 100 + d)
     centers = rng.uniform(0.0, 1000.0, size=(k, d))
     weights = rng.normal(300.0, 150.0, size=k)
@@ -260,6 +267,7 @@ def hard_info(k, d, *, charges=12, identical=False, diagnostics=False, seed_note
                     **{f"param_{i}": i / 7 for i in range(14)}},
         domain={"lower": [0.0] * d, "upper": [1000.0] * d} if domain else None,
         degenerate=degenerate,
+        input={"path": LONG_PATH, "version": 12345, "where": LONG_WHERE, "format": "delta"},  # one shortened line
     )
     if diagnostics:
         info["diagnostics"]["data_sample"] = rng.uniform(0.0, 1000.0, size=(500, d))
@@ -358,7 +366,8 @@ def test_coinciding_centers_are_one_marker_with_a_count():
     assert drawn_points(fig) == 1  # one marker for the four centers
     texts = figure_texts(fig)
     label = [t for t in texts if " x4: " in t]
-    assert label == [f"#0 x4: {sum(info['noisy_weights']):+.4g}"]  # the first index, the count, the summed weight
+    total = sum(info["noisy_weights"])
+    assert label == [f"#0 x4: {total:,.0f}"]  # the first index, the count, the summed weight
     assert not any(t.startswith(("#1", "#2", "#3")) for t in texts)
     assert any("N released centers at one point" in t for t in texts)  # the footnote explains "xN"
     # Centers 1% of the domain apart are distinct: four markers, four labels.
@@ -373,17 +382,22 @@ def test_a_speck_of_centers_is_drawn_in_the_public_domain():
     ax = fig.axes[0]
     for lo, hi in (ax.get_xlim(), ax.get_ylim()):
         assert lo <= 0.0 and hi >= 1000.0
+    assert any("the axes show all of it" in t for t in figure_texts(fig))
+    # A projection (d > 2): a speck is shown within the projected domain, not magnified.
+    fig = build_figure(hard_info(k=4, d=3, charges=3, identical=True))
+    assert fig.axes[0].get_xlim()[1] - fig.axes[0].get_xlim()[0] >= 1000.0
     assert any("shows the whole domain" in t for t in figure_texts(fig))
     # Without a domain in info, the centers' own magnitude is the scale (still no 1e-5 axis).
     info = hard_info(k=4, d=6, charges=3, identical=True, domain=False)
     ax = build_figure(info).axes[0]
     scale = np.abs(np.asarray(info["centers"])).max()
     assert ax.get_xlim()[1] - ax.get_xlim()[0] > 0.05 * scale
-    # A healthy spread is zoomed on the centers, not on the domain.
-    info = hard_info(k=5, d=2, charges=3)
-    info["centers"] = [[400.0, 400.0], [450.0, 420.0], [420.0, 480.0], [470.0, 470.0], [430.0, 440.0]]
+    # A healthy spread in a projection (d > 2) is zoomed on the centers, not on the domain.
+    info = hard_info(k=5, d=3, charges=3)
+    info["centers"] = [[400.0, 400.0, 400.0], [450.0, 420.0, 410.0], [420.0, 480.0, 430.0],
+                       [470.0, 470.0, 440.0], [430.0, 440.0, 470.0]]
     xlo, xhi = build_figure(info).axes[0].get_xlim()
-    assert 300.0 < xlo < 400.0 and 470.0 < xhi < 600.0
+    assert xhi - xlo < 300.0
 
 
 def test_degenerate_warning_in_figure_and_html():
@@ -420,3 +434,147 @@ def test_extreme_public_domains_still_render(tmp_path, domain, monkeypatch):
     assert layout_problems(fig, drawn_text_extents(fig, monkeypatch)) == []
     write_report(tmp_path / "r.png", info)
     assert_png(tmp_path / "r.png")
+
+
+# --------------------------------------------------------------------------
+# The new-user trial's points (issue 29, item 6)
+# --------------------------------------------------------------------------
+
+
+def centers_scatter(fig, k):
+    """The released centers' scatter in panel (a)."""
+    return [c for c in fig.axes[0].collections if isinstance(c, PathCollection) and len(c.get_offsets()) == k][0]
+
+
+def test_weights_are_written_readably_in_figure_and_html():
+    """15,390, not +1.539e+04: in the labels, on the colorbar and in report.html."""
+    info = make_info(d=2, k=4, weights=[15390.2, -3.0, 12.5, 1234567.0])
+    info["centers"] = [[-0.8, -0.8], [0.8, 0.8], [-0.8, 0.8], [0.8, -0.8]]
+    fig = build_figure(info)
+    fig.canvas.draw()
+    texts = figure_texts(fig)
+    for label in ("#0: 15,390", "#1: -3", "#2: 12.5", "#3: 1,234,567"):
+        assert label in texts
+    cax = fig.axes[-1]
+    ticks = [t.get_text() for t in cax.get_yticklabels() if t.get_text()]
+    assert "1,000,000" in ticks and cax.yaxis.get_offset_text().get_text() == ""  # no "1e6" above the bar
+    assert not any("e+" in t for t in texts if t.startswith("#") or t in ticks)
+    page = build_html(info)
+    for cell in ("<td>15,390</td>", "<td>-3</td>", "<td>12.5</td>", "<td>1,234,567</td>"):
+        assert cell in page
+    assert "e+0" not in page
+
+
+def test_colour_scale_starts_at_zero_and_clips_negative_weights():
+    info = make_info(d=2, k=4, weights=[1000.0, 1001.0, 1002.0, -5.0])
+    info["centers"] = [[-0.8, -0.8], [0.8, 0.8], [-0.8, 0.8], [0.8, -0.8]]
+    fig = build_figure(info)
+    sc = centers_scatter(fig, 4)
+    assert sc.norm.vmin == 0.0 and sc.norm.vmax == 1002.0  # not stretched over 1000..1002
+    assert fig.axes[-1].get_ylabel() == "noisy weight (released)"
+    colors = sc.to_rgba(sc.get_array())
+    negative = [i for i, w in enumerate(sc.get_array()) if w < 0]
+    assert len(negative) == 1 and tuple(colors[negative[0]]) == tuple(sc.cmap(0.0))  # the bottom colour
+    # 1000 and 1002 get (almost) the same colour: a spread of 2 is not exaggerated.
+    assert np.abs(np.subtract(sc.to_rgba(1000.0), sc.to_rgba(1002.0))).max() < 0.02
+
+
+def outline_patches(ax):
+    return [p for p in ax.patches if p.get_linestyle() == "--"]
+
+
+def test_axes_show_the_public_domain_for_one_and_two_features():
+    info = hard_info(k=5, d=2, charges=3)  # box [0, 1000]^2, the centers in a small part of it
+    info["centers"] = [[400.0, 400.0], [450.0, 420.0], [420.0, 480.0], [470.0, 470.0], [430.0, 440.0]]
+    fig = build_figure(info)
+    ax = fig.axes[0]
+    for lo, hi in (ax.get_xlim(), ax.get_ylim()):
+        assert -100.0 < lo <= 0.0 and 1000.0 <= hi < 1100.0
+    (box,) = outline_patches(ax)
+    assert isinstance(box, Rectangle) and box.get_xy() == (0.0, 0.0)
+    assert box.get_width() == 1000.0 and box.get_height() == 1000.0
+    assert any("dashed outline: the public domain (box [0, 1000] x [0, 1000])" in t for t in figure_texts(fig))
+    # A ball: [-r, r] on both axes, drawn as a circle.
+    info["domain"] = {"radius": 5.0}
+    info["centers"] = [[0.1, 0.2], [0.3, -0.2], [-0.4, 0.1], [0.2, 0.4], [0.0, 0.0]]
+    ax = build_figure(info).axes[0]
+    (ball,) = outline_patches(ax)
+    assert isinstance(ball, Circle) and ball.get_radius() == 5.0
+    assert ax.get_xlim()[0] <= -5.0 and ax.get_xlim()[1] >= 5.0
+    # One feature: the x axis is the domain's interval.
+    info = hard_info(k=3, d=1, charges=3)
+    info["centers"] = [[500.0], [510.0], [530.0]]
+    ax = build_figure(info).axes[0]
+    assert ax.get_xlim()[0] <= 0.0 and ax.get_xlim()[1] >= 1000.0 and len(outline_patches(ax)) == 1
+
+
+def test_projected_axes_say_they_are_projections():
+    fig = build_figure(hard_info(k=6, d=5, charges=3))
+    assert any("the axes are projections" in t for t in figure_texts(fig))
+    assert outline_patches(fig.axes[0]) == []  # the box is not drawn in PC coordinates
+
+
+LONG_PATH = "s3://analytics-prod-bucket/warehouse/very/deeply/nested/customer_events/" + "p" * 120 + "/points_table"
+LONG_WHERE = "country IN ('FR', 'DE', 'IT') AND age < 30 AND " + " AND ".join(f"col_{i} IS NOT NULL" for i in range(30))
+
+
+def test_input_is_shown_in_header_and_html(monkeypatch):
+    info = make_info()
+    info["input"] = {"path": "data/demo_points", "version": 7, "where": "age < 30", "format": "delta"}
+    line = "input: data/demo_points (delta, version 7); rows where age < 30"
+    assert line in figure_texts(build_figure(info))
+    assert "input: data/demo_points (delta, version 7); rows where age &lt; 30" in build_html(info)
+    # Long ones: one line shortened with ellipses in the figure (both ends of the path kept), in full in the html.
+    info["input"] = {"path": LONG_PATH, "version": None, "where": LONG_WHERE, "format": "parquet"}
+    fig = build_figure(info)
+    drawn = [(t, e) for t, e in drawn_text_extents(fig, monkeypatch) if t.startswith("input: ")]
+    assert len(drawn) == 1
+    text, extent = drawn[0]
+    assert "\n" not in text and text.count("\u2026") == 2 and extent.x1 <= fig.bbox.x1
+    assert text.startswith("input: s3://analytics") and "points_table (parquet); rows where country IN" in text
+    assert "version" not in text  # no version given
+    page = build_html(info)
+    assert LONG_PATH in page and html.escape(LONG_WHERE) in page
+    # No filter, and no input at all (older callers): nothing invented.
+    info["input"] = {"path": "data/demo_points", "version": 3, "where": None, "format": "delta"}
+    assert "input: data/demo_points (delta, version 3); all rows (no row filter)" in figure_texts(build_figure(info))
+    del info["input"]
+    assert not any(t.startswith("input:") for t in figure_texts(build_figure(info)))
+    assert "input:" not in build_html(info)
+
+
+def test_privacy_spent_by_the_run_and_the_ledger_balance_are_told_apart():
+    info = make_info()
+    info.update(epsilon_spent=0.5, epsilon_configured=0.5, delta_spent=0.0, delta_configured=1e-6)
+    info["ledger"].update(spent_epsilon=1.5, budget_epsilon=3.0, ledger_cap_epsilon=3.0, spent_delta=0.0,
+                          budget_delta=1e-5, ledger_cap_delta=1e-5)
+    spent = ("privacy spent by this run: \u03b5 = 0.5, \u03b4 = 0 "
+             "(configured for the run: \u03b5 = 0.5, \u03b4 = 1e-06)")
+    texts = figure_texts(build_figure(info))
+    page = build_html(info)
+    assert spent in texts and spent in page
+    ledger = [t for t in texts if t.startswith("ledger for this input")]
+    assert len(ledger) == 1 and "spent \u03b5 = 1.5 of cap 3, spent \u03b4 = 0 of cap 1e-05" in ledger[0]
+    assert "spent \u03b5 = 1.5 of cap 3" in page
+    assert not any("0.5 of 0.5" in t for t in texts) and "0.5 of 0.5" not in page
+    # A run that lowered the cap for itself: both caps are said.
+    info["ledger"]["ledger_cap_epsilon"] = 10.0
+    lowered = "of cap 3 (lowered for this run; the ledger's cap is 10)"
+    assert html.escape(lowered) in build_html(info) and any(lowered in t for t in figure_texts(build_figure(info)))
+    # No ledger: said in the header.
+    info["ledger"] = None
+    assert any(t.startswith("ledger: none configured") for t in figure_texts(build_figure(info)))
+
+
+@pytest.mark.parametrize("n, rule", [(12, "discrete Laplace"), (3, LONG_RULE), (12, LONG_RULE)])
+def test_rule_names_are_written_in_full(n, rule):
+    """The trial's 'discrete Laplac...': every mechanism name is whole (in its row or in a keyed legend)."""
+    info = make_info()
+    info["charges"] = [{"step": LONG_STEPS[i % 3], "epsilon": 0.5 / 12, "delta": 1.2345e-7, "rule": rule}
+                       for i in range(n)]
+    fig = build_figure(info)
+    texts = [t.get_text() for t in fig.axes[1].texts]
+    flat = [" ".join(t.split()) for t in texts]  # wrapped lines joined again
+    assert any(rule in t for t in flat)
+    for t in texts:  # only step labels may be shortened
+        assert not t.endswith("\u2026") or t.startswith(tuple(s[:10] for s in LONG_STEPS)), t
