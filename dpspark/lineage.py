@@ -216,6 +216,35 @@ def _check_transformation(node, short: str, children, ledger_input: str) -> None
                                + _ROW_WISE_WHY.format(what="step that can raise") + _ROW_WISE_HOW.format(path=ledger_input))
 
 
+def assemblers_that_raise(dataset) -> int:
+    """How many VectorAssembler steps of ``dataset``'s plan can raise on a null or NaN input column
+    (handleInvalid 'error', its default, or 'keep', which the plan cannot tell apart): such a row
+    fails the fit once it has started. Best effort, for a warning before a fit WITHOUT a ledger (with
+    one, ``check_reads_only`` refuses them): 0 when the plan cannot be read (Spark Connect)."""
+    try:
+        stack = [_analyzed_plan(dataset)]
+        found = 0
+        while stack:
+            node = stack.pop()
+            children = _seq(node.children())
+            stack.extend(children)
+            if _short(_class_name(node)) != "Project":
+                continue
+            proven = {id(e) for e in _vector_assemblers_proven_total(node, children)}
+            proven_text = {str(e.toString()) for e in _vector_assemblers_proven_total(node, children)}
+            exprs = _seq(node.expressions())
+            while exprs:
+                e = exprs.pop()
+                if _short(_class_name(e)) == "ScalaUDF" and "VectorAssembler" in _class_name(e.function()):
+                    if id(e) not in proven and str(e.toString()) not in proven_text:
+                        found += 1
+                    continue
+                exprs.extend(_seq(e.children()))
+        return found
+    except Exception:
+        return 0
+
+
 def check_reads_only(dataset, ledger_input: str) -> None:
     """Refuse (``LineageError``) a DataFrame whose plan reads anything but the table ``ledger_input``.
 

@@ -91,7 +91,9 @@ _COMMON = (
      "number of dimensions; needed only with radius and one vector/array features column."),
     ("featuresCol", "input.features", _T.toString,
      "features column: a vector (e.g. VectorAssembler's output) or an array of numbers, or one numeric "
-     "column when the domain has one dimension. A row with a null, NaN or infinite feature is dropped."),
+     "column when the domain has one dimension. A row whose vector is null, or has a null, NaN or infinite "
+     "value, is dropped; but VectorAssembler's default handleInvalid='error' fails the fit on a null or NaN "
+     "input column before dpspark sees the row: use inputCols, or VectorAssembler(handleInvalid='skip')."),
     ("inputCols", "input.features", _T.toListString,
      "several numeric feature columns, one per dimension (instead of featuresCol)."),
     ("predictionCol", None, _T.toString, "prediction column transform() adds: the index of the nearest center."),
@@ -475,6 +477,8 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                 _check_executors(spark)
                 tables.check_schema(dataset, config.input.features, config.input.privacy_unit, config.domain.dim)
                 ledger = input_key = None
+                if config.privacy.ledger is None:
+                    _warn_about_raising_assemblers(dataset)
                 if config.privacy.ledger is not None:
                     _check_reads_only(dataset, config.input.path)
                     ledger_path = tables.qualify(config.privacy.ledger)
@@ -583,6 +587,17 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
         model._ledger = None if ledger_totals is None else ledger_totals.as_dict()
         self._copyValues(model)
         return model
+
+
+def _warn_about_raising_assemblers(dataset) -> None:
+    """Before a fit without a ledger (with one, dpspark.lineage refuses the DataFrame): say that a
+    VectorAssembler in 'error' mode fails the whole fit on one null or NaN input value."""
+    from dpspark.lineage import assemblers_that_raise
+
+    if assemblers_that_raise(dataset):
+        log.warning("the features come from a VectorAssembler with handleInvalid='error' (its default): a row with "
+                    "a null or NaN input column fails the fit after it started; use inputCols=[...] (dpspark drops "
+                    "such rows) or VectorAssembler(..., handleInvalid='skip')")
 
 
 def _next_attempt(ledger, input_key: str, run_id: str) -> int:

@@ -301,3 +301,32 @@ def test_loop_passes_are_debug_lines_and_dplloyd_reseeds_are_not_warnings(spark,
     assert not [m for m in shown if "Spark aggregation pass" in m or "re-seeded" in m or "a pass of a loop" in m], shown
     assert any("iteration 1/6: Spark aggregation pass" in m for m in debug)
     assert any("a pass of a loop done in" in m for m in debug)
+
+
+def test_an_assembler_that_fails_on_nulls_is_named_before_a_fit_without_a_ledger(spark):
+    """Issue 29, item 2: the README's own VectorAssembler (default handleInvalid='error') failed the fit
+    on a null with a JVM trace; now the fit says so before it starts (with a ledger it is refused,
+    tests/test_ml_lineage.py), and the README shows handleInvalid='skip', which fits over the null."""
+    import logging
+
+    from pyspark.ml.feature import VectorAssembler
+
+    from dpspark.ml import DPClustering
+    from dpspark.progress import log
+
+    df = spark.createDataFrame([(float(i % 50), float(i % 7)) for i in range(300)] + [(None, 1.0)], "x double, y double")
+    seen, handler = _dpspark_log_lines()
+    log.addHandler(handler)
+    try:
+        default = VectorAssembler(inputCols=["x", "y"], outputCol="features").transform(df)
+        with pytest.raises(Exception):
+            DPClustering(k=2, lower=[0, 0], upper=[50, 10], algorithm="dplloyd").fit(default)
+        warned = [line for line in seen if "handleInvalid='error'" in line]
+        assert len(warned) == 1, seen
+        seen.clear()
+        skip = VectorAssembler(inputCols=["x", "y"], outputCol="features", handleInvalid="skip").transform(df)
+        model = DPClustering(k=2, lower=[0, 0], upper=[50, 10], algorithm="dplloyd").fit(skip)
+        assert len(model.clusterCenters()) == 2
+        assert not [line for line in seen if "handleInvalid" in line], seen
+    finally:
+        log.removeHandler(handler)
