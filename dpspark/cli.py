@@ -3,7 +3,7 @@
     dpspark run --config conf/demo.yaml [--set KEY=VALUE ...] [--run-id ID] [--force] [--json]
     dpspark validate --config conf/demo.yaml [--set KEY=VALUE ...]
     dpspark advance --config conf/ldp-ingest.yaml      # ldp ingest mode: publish the next round
-    dpspark ledger show --ledger PATH [--input TABLE] [--json]
+    dpspark ledger show --ledger PATH [--input TABLE] [--run-id ID] [--status S,...] [--since T] [--until T] [--last N] [--json]
     dpspark ledger set-budget --ledger PATH --input TABLE --epsilon E --delta D [--guarantee central|local]
 
 Exit codes: 0 success (also: the run id already succeeded, nothing done); 2 invalid config or
@@ -64,9 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print one JSON line with the outcome on stdout at the end")
     led = sub.add_parser("ledger", help="the privacy ledger: show balances, set an input's budget (administrators)")
     lsub = led.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
-    show = lsub.add_parser("show", help="balances, caps and the event log")
+    show = lsub.add_parser("show", help="balances, caps and the event log (times in UTC)",
+                           description="Balances, caps and the event log (times in UTC). --run-id, --status, --since, "
+                                       "--until and --last select events; balances are those of --input (or all).")
     show.add_argument("--ledger", required=True, help="path of the ledger Delta table")
     show.add_argument("--input", default=None, help="only this input table (any spelling of its path)")
+    show.add_argument("--run-id", default=None, metavar="ID", help="only the events of this run id")
+    show.add_argument("--status", action="append", default=None, metavar="STATUS",
+                      help="only events with this status (repeatable, or a comma list): set-budget, started, charged, "
+                           "fit_started, reused, succeeded, failed, killed, refused")
+    show.add_argument("--since", default=None, metavar="TIME",
+                      help="only events at or after TIME: an ISO 8601 date or timestamp, UTC unless it names an offset "
+                           "(2024-05-01, 2024-05-01T12:00:00Z)")
+    show.add_argument("--until", default=None, metavar="TIME",
+                      help="only events at or before TIME (a date alone: to the end of that day, UTC)")
+    show.add_argument("--last", default=None, metavar="N", help="only the N newest of the events selected")
     show.add_argument("--json", action="store_true", help="print JSON instead of text")
     setb = lsub.add_parser("set-budget", help="set (raise or lower) the budget cap of one input table")
     setb.add_argument("--ledger", required=True, help="path of the ledger Delta table (created if missing)")
@@ -304,7 +316,57 @@ def _validate_warnings(config) -> list[str]:
 
 def _ledger_command(args, spark) -> int:
     import math
+    from datetime import timedelta
 
+    from dpspark.privacy.ledger import EVENT_STATUSES, parse_utc, utc_iso
+
+    def invalid(message: str) -> int:
+        print(f"dpspark: invalid argument: {message}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    selection: dict = {}  # ledger show's event filters (public values, checked before Spark starts)
+    described: list[str] = []
+    if args.ledger_command == "show":
+        from dpspark.tables import RUN_ID_PATTERN
+
+        if args.run_id is not None:
+            if not RUN_ID_PATTERN.match(args.run_id):
+                return invalid(f"--run-id {args.run_id!r} is not a run id: 1-128 letters, digits, '.', '_' or '-', "
+                               "starting with a letter or digit")
+            selection["run_id"] = args.run_id
+            described.append(f"run id {args.run_id}")
+        if args.status is not None:
+            statuses = [s.strip() for value in args.status for s in value.split(",")]
+            for status in statuses:
+                if status not in EVENT_STATUSES:
+                    return invalid(f"--status {status!r} is not an event status: use one of {', '.join(EVENT_STATUSES)}")
+            selection["statuses"] = list(dict.fromkeys(statuses))
+            described.append("status " + ",".join(selection["statuses"]))
+        for flag in ("since", "until"):
+            text = getattr(args, flag)
+            if text is None:
+                continue
+            try:
+                when, date_only = parse_utc(text)
+                # --until is inclusive: the bound passed on is exclusive (the next day, or the next microsecond)
+                bound = when if flag == "since" else when + (timedelta(days=1) if date_only else timedelta(microseconds=1))
+            except (ValueError, OverflowError):
+                return invalid(f"--{flag} {text!r} is not an ISO 8601 date or timestamp (e.g. 2024-05-01 or "
+                               "2024-05-01T12:00:00Z; UTC unless it names an offset)")
+            selection[flag] = bound
+            described.append(f"{flag} " + (when.date().isoformat() if date_only else utc_iso(when))
+                             + (" (the whole day)" if flag == "until" and date_only else ""))
+        if "since" in selection and "until" in selection and selection["since"] >= selection["until"]:
+            return invalid(f"--since {args.since!r} is after --until {args.until!r}: no event can be in between")
+        if args.last is not None:
+            try:
+                last = int(args.last)
+            except ValueError:
+                last = 0
+            if last < 1:
+                return invalid(f"--last must be a whole number >= 1, got {args.last!r}")
+            selection["last"] = last
+            described.append(f"the {last} newest")
     if args.ledger_command == "set-budget":
         if not (math.isfinite(args.epsilon) and args.epsilon > 0):
             print(f"dpspark: invalid argument: --epsilon must be a finite number > 0, got {args.epsilon}", file=sys.stderr)
@@ -333,11 +395,12 @@ def _ledger_command(args, spark) -> int:
             print(f"dpspark: no ledger at {ledger.path}", file=sys.stderr)
             return EXIT_FAILURE
         key = tables.ledger_key_of(spark, args.input) if args.input else None
-        balances, events = ledger.balances(key), ledger.events(key)
+        balances, events = ledger.balances(key), ledger.events(key, **selection)
         if args.json:
+            events = [{**e, "updated_at": utc_iso(e.get("updated_at"))} for e in events]
             print(json.dumps({"ledger": ledger.path, "balances": balances, "events": events}, default=str))
         else:
-            print(format_ledger(ledger.path, balances, events))
+            print(format_ledger(ledger.path, balances, events, selection="; ".join(described) or None))
         return EXIT_OK
     except DPSparkError as exc:
         print(f"dpspark: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -351,7 +414,14 @@ def _g(value) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def format_ledger(path: str, balances: list[dict], events: list[dict]) -> str:
+def format_ledger(path: str, balances: list[dict], events: list[dict], selection: str | None = None) -> str:
+    """``dpspark ledger show``'s text: balances, then the events (times in UTC, ``...Z``); a refused
+    run's event says what it asked for and what its budget had left. ``selection``: how the events
+    were selected (``--run-id``, ``--status``, ...), said in their heading."""
+    from datetime import datetime
+
+    from dpspark.privacy.ledger import utc_iso
+
     lines = [f"ledger {path}", "", "balances (cap set by `dpspark ledger set-budget`; a run can only ask for less):"]
     if not balances:
         lines.append("  (none)")
@@ -359,11 +429,12 @@ def format_ledger(path: str, balances: list[dict], events: list[dict]) -> str:
         lines.append(f"  {b['input_seen'] or b['input_key']}  [{b['guarantee']}]  key {b['input_key']}")
         lines.append(f"      cap epsilon={_g(b['cap_epsilon'])} delta={_g(b['cap_delta'])}   spent epsilon={_g(b['spent_epsilon'])} "
                      f"delta={_g(b['spent_delta'])}   remaining epsilon={_g(b['remaining_epsilon'])} delta={_g(b['remaining_delta'])}")
-    lines += ["", "events (oldest first):"]
+    lines += ["", f"events (oldest first{'; only ' + selection if selection else ''}; times UTC):"]
     if not events:
         lines.append("  (none)")
     for e in events:
-        when = str(e.get("updated_at"))[:19]
+        when = e.get("updated_at")
+        when = utc_iso(when, "seconds") if isinstance(when, datetime) else str(when)[:19]
         if e["kind"] == "admin":
             lines.append(f"  {when}  {e['status']:<10} {e.get('guarantee') or 'central'} cap epsilon={_g(e.get('cap_epsilon'))} "
                          f"delta={_g(e.get('cap_delta'))} by {e.get('actor')}  input {e.get('input_seen') or e['input_path']}"
@@ -371,6 +442,10 @@ def format_ledger(path: str, balances: list[dict], events: list[dict]) -> str:
         else:
             attempt = f" attempt {e['attempt']}" if e.get("attempt") is not None else ""
             charge = f" epsilon={_g(e['epsilon'])} delta={_g(e['delta'])}" if e["status"] == "charged" else ""
+            if e["status"] == "refused" and e.get("asked_epsilon") is not None:
+                charge = (f" asked epsilon={_g(e['asked_epsilon'])} delta={_g(e.get('asked_delta'))}; "
+                          + ("no cap in the ledger" if e.get("remaining_epsilon") is None else
+                             f"remaining epsilon={_g(e['remaining_epsilon'])} delta={_g(e.get('remaining_delta'))}"))
             lines.append(f"  {when}  {e['status']:<10} run {e['run_id']}{attempt}{charge}"
                          + (f" [{e['guarantee']}]" if e.get("guarantee") else "") + (f"  {e['note']}" if e.get("note") else ""))
     return "\n".join(lines)

@@ -12,7 +12,10 @@ Rows (one table; column ``kind`` tells them apart):
 - ``run``: an append-only log of run events: ``started``, ``charged`` (with the epsilon and
   delta charged), ``fit_started`` (written before the attempt reads any private value), ``reused``
   (a retry that takes over the charge of an attempt that ended before ``fit_started``, see the
-  runner), then ``succeeded``, ``failed`` or ``killed``; or ``refused`` (charged 0). A fixed-seed
+  runner), then ``succeeded``, ``failed`` or ``killed``; or ``refused`` (charged 0: ``epsilon`` and
+  ``delta`` are 0; ``asked_epsilon``, ``asked_delta`` hold what the run asked for and
+  ``remaining_epsilon``, ``remaining_delta`` what its budget had left then, null when the ledger
+  held no cap for the input; a refusal written by an older dpspark has them null). A fixed-seed
   run's events carry ``note = 'NOT PRIVATE (fixed seed)'``;
 - ``claim``: at most one per charged attempt, inserted atomically (MERGE) by the one retry that
   takes over that attempt's charge, so two concurrent retries can never both reuse it. Its id
@@ -20,6 +23,11 @@ Rows (one table; column ``kind`` tells them apart):
   are two charges, each with its own taker. (A claim written before the id named the input,
   ``claim:{run_id}:{attempt}``, still blocks a second taker of ITS input: the MERGE also matches
   that old id together with the row's ``input_path``.)
+
+``updated_at`` is UTC: written as the UTC wall-clock time (``Ledger._now``, a naive datetime,
+which PySpark stores and reads back in the same local zone), so a value read back is UTC
+(``utc_iso`` shows it with its zone). Amounts, caps and times in the ledger are public: they
+are the analysts' requests and the administrator's caps, never derived from private records.
 
 Input keys are canonical (``dpspark.tables``): a Delta table is keyed by the id in its metadata,
 any other table by its canonical path, so every spelling of one table has one balance.
@@ -72,13 +80,17 @@ log = logging.getLogger("dpspark")
 SCHEMA = (
     "entry_id STRING, kind STRING, input_path STRING, run_id STRING, algorithm STRING, "
     "epsilon DOUBLE, delta DOUBLE, status STRING, updated_at TIMESTAMP, guarantee STRING, "
-    "cap_epsilon DOUBLE, cap_delta DOUBLE, attempt INT, actor STRING, input_seen STRING, note STRING"
+    "cap_epsilon DOUBLE, cap_delta DOUBLE, attempt INT, actor STRING, input_seen STRING, note STRING, "
+    "asked_epsilon DOUBLE, asked_delta DOUBLE, remaining_epsilon DOUBLE, remaining_delta DOUBLE"
 )
 COLUMNS = tuple(f.split()[0] for f in SCHEMA.split(", "))
 GUARANTEES = ("central", "local")
 REL_TOL = 1e-12
 MAX_ATTEMPTS = 40
 NOT_PRIVATE_NOTE = "NOT PRIVATE (fixed seed)"
+# Every status an event (kind ``run`` or ``admin``) can have, for ``events(statuses=...)``.
+EVENT_STATUSES = ("set-budget", "started", "charged", "fit_started", "reused", "succeeded", "failed", "killed",
+                  "refused")
 
 # The ledger holds a few rows per run. Spark's and Delta's defaults (200 shuffle partitions,
 # 50 snapshot partitions) are sized for big tables: under spark-submit, where dpspark leaves
@@ -136,6 +148,29 @@ def _sql_double(value) -> str:
 
 def _sql_timestamp(when: datetime) -> str:
     return f"TIMESTAMP '{when.isoformat(sep=' ')}'"
+
+
+def utc_iso(value: datetime | None, timespec: str = "auto") -> str | None:
+    """An event time as ISO 8601 UTC with a ``Z`` (``2024-05-01T12:00:00Z``). A naive datetime is UTC
+    (the ledger's convention, see the module docstring); an aware one is converted to UTC."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+def parse_utc(text: str) -> tuple[datetime, bool]:
+    """A public time bound given by a person (``--since``/``--until``): an ISO 8601 date
+    (``2024-05-01``) or timestamp (``2024-05-01T12:00``, ``2024-05-01 12:00:00Z``, ``...+02:00``),
+    UTC unless it names an offset. Returns (the time as an aware UTC datetime, whether it was a
+    date alone); raises ``ValueError`` for anything else."""
+    text = str(text).strip()
+    value = datetime.fromisoformat(text)  # ValueError for a bad value (Python 3.11: also 'Z' and a date alone)
+    date_only = len(text) in (8, 10) and not any(ch in text for ch in "T: ")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc), date_only
 
 
 def _table_name(path: str) -> str:
@@ -351,9 +386,11 @@ class Ledger:
                     time.sleep(random.uniform(0.05, 0.5))
         totals = self.totals(input_key, requested_epsilon, requested_delta, guarantee=guarantee)
         if not charged:
+            left = totals.as_dict()  # the budget in force for this run (the cap, or the run's lower request)
             self._append(dict(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm, epsilon=0.0,
                               delta=0.0, status="refused", guarantee=guarantee, attempt=attempt, input_seen=input_seen,
-                              note=note))
+                              note=note, asked_epsilon=float(epsilon), asked_delta=float(delta),
+                              remaining_epsilon=left["remaining_epsilon"], remaining_delta=left["remaining_delta"]))
             if totals.ledger_cap_epsilon is None:
                 raise BudgetRefused(
                     f"privacy budget refused for input {input_seen or input_key!r} (ledger key {input_key}): the ledger "
@@ -503,14 +540,47 @@ class Ledger:
         return self._events("kind = 'run'", input_key)
 
     @_small_table
-    def events(self, input_key: str | None = None):
-        """Run and administrative events, oldest first, as dicts."""
-        return self._events("kind IN ('run', 'admin')", input_key)
+    def events(self, input_key: str | None = None, *, run_id: str | None = None, statuses=None,
+               since: datetime | None = None, until: datetime | None = None, last: int | None = None):
+        """Run and administrative events, oldest first, as dicts (every column of ``SCHEMA``; null when
+        a ledger of an older dpspark lacks it). Filters (public values, all optional): ``run_id``;
+        ``statuses`` (some of ``EVENT_STATUSES``); ``since`` (inclusive) and ``until`` (exclusive),
+        aware datetimes or naive UTC; ``last``: only the ``last`` newest of the events selected."""
+        if statuses is not None:
+            unknown = [s for s in statuses if s not in EVENT_STATUSES]
+            if unknown:
+                raise ValueError(f"statuses={unknown!r}: an event status is one of {list(EVENT_STATUSES)}")
+        if last is not None and not (isinstance(last, int) and last >= 1):
+            raise ValueError(f"last={last!r} should be a whole number >= 1")
+        return self._events("kind IN ('run', 'admin')", input_key, run_id=run_id, statuses=statuses, since=since,
+                            until=until, last=last)
 
-    def _events(self, where: str, input_key: str | None):
+    def _events(self, where: str, input_key: str | None, *, run_id=None, statuses=None, since=None, until=None,
+                last=None):
+        from pyspark.sql import functions as F
+
         if not self.exists():
             return []
         df = self.spark.read.format("delta").load(self.path).where(where)
         if input_key is not None:
             df = df.where(df.input_path == input_key)
-        return [r.asDict() for r in df.orderBy("updated_at").collect()]
+        if run_id is not None:
+            df = df.where(F.col("run_id") == run_id)
+        if statuses is not None:
+            df = df.where(F.col("status").isin(list(statuses)))
+        # updated_at holds naive UTC datetimes: the bounds are compared as such (PySpark converts a
+        # naive datetime the same way when it writes the events and when it builds these literals).
+        if since is not None:
+            df = df.where(F.col("updated_at") >= F.lit(_naive_utc(since)))
+        if until is not None:
+            df = df.where(F.col("updated_at") < F.lit(_naive_utc(until)))
+        if last is not None:
+            rows = df.orderBy(F.col("updated_at").desc(), F.col("entry_id").desc()).limit(last).collect()[::-1]
+        else:
+            rows = df.orderBy("updated_at", "entry_id").collect()
+        return [{**dict.fromkeys(COLUMNS), **r.asDict()} for r in rows]
+
+
+def _naive_utc(value: datetime) -> datetime:
+    """``value`` as the ledger stores times: a naive UTC datetime (an aware one is converted)."""
+    return value if value.tzinfo is None else value.astimezone(timezone.utc).replace(tzinfo=None)
