@@ -64,12 +64,12 @@ def test_parquet_with_a_nanosecond_timestamp_column_that_is_not_a_feature(spark,
     assert read_summary(c)["status"] == "succeeded"
 
 
-def test_a_feature_whose_schema_type_is_wrong_is_a_schema_error(spark, tmp_path, capsys):
+def test_a_feature_whose_schema_type_is_wrong_is_a_config_error(spark, tmp_path, capsys):
     path = str(tmp_path / "typed.parquet")
     pdf = points_frame(10).astype({"x": str})
     pq.write_table(pa.Table.from_pandas(pdf), path)
     cfg, c = make_config(tmp_path, path, **{"input.format": "parquet"})
-    assert main(["run", "--config", cfg], spark=spark) == 1
+    assert main(["run", "--config", cfg], spark=spark) == 2  # the config names a text column (exit 2)
     assert "feature column 'x' has type string" in capsys.readouterr().err
     assert not os.path.exists(os.path.join(c["output"]["path"], "summary.json"))
 

@@ -101,14 +101,14 @@ def test_cli_run_writes_every_output_and_exact_privacy(spark, tmp_path, write_de
     # seed 7: NOT PRIVATE, and every output says so.
     assert summary["private"] is False and "NOT PRIVATE" in summary["privacy_note"]
     assert summary["input"] == {"path": path, "key": tables.ledger_key_of(spark, path), "format": "delta",
-                                "where": None}
+                                "where": None, "version": 0}
     assert read_summary(cfg, "full") == summary  # the per-run copy a downstream task reads
     assert summary["outputs"]["run_summary"] == os.path.join(out, "summary", "full.json")
     # Wall times grow with n: NON-PRIVATE operational metadata, kept out of the published outputs
     # (no diagnostics here) and recorded in the operator log ($DPSPARK_OPERATOR_LOG).
     assert "timings" not in summary and "non_private_timings" not in summary
     centers = spark.read.format("delta").load(out + "/centers").orderBy("cluster_id").toPandas()
-    assert list(centers.columns) == ["run_id", "cluster_id", "x", "y", "noisy_weight", "private"]
+    assert list(centers.columns) == ["run_id", "attempt", "cluster_id", "x", "y", "noisy_weight", "private"]
     assert len(centers) == 3 and set(centers.run_id) == {"full"} and not centers["private"].any()
     # Real clusters at (20,20), (80,30), (50,80): each found within 10 units at epsilon = 1, n = 900.
     found = centers[["x", "y"]].to_numpy()
@@ -288,7 +288,9 @@ def test_parquet_and_csv_inputs(spark, tmp_path, fmt):
 
 
 @pytest.mark.parametrize("case", ["missing table", "missing column", "text column", "missing unit"])
-def test_schema_errors_exit_1_and_release_nothing(spark, tmp_path, write_delta, case, capsys):
+def test_schema_errors_exit_with_their_code_and_release_nothing(spark, tmp_path, write_delta, case, capsys):
+    """A missing table is exit 1 (``failed``); a column the config names that the table lacks or holds
+    as text is a config mistake: exit 2, ``invalid_config`` in runs/ (issue 29, item 6)."""
     pdf = points_frame(20).assign(name="a")
     path = write_delta(pdf)
     overrides = {
@@ -298,14 +300,15 @@ def test_schema_errors_exit_1_and_release_nothing(spark, tmp_path, write_delta, 
         "missing unit": {"input.privacy_unit": "person_id"},
     }[case]
     cfg_path, cfg = make_config(tmp_path, path, **overrides)
-    assert main(["run", "--config", cfg_path, "--run-id", "bad"], spark=spark) == 1
+    code, status = (1, "failed") if case == "missing table" else (2, "invalid_config")
+    assert main(["run", "--config", cfg_path, "--run-id", "bad"], spark=spark) == code
     err = capsys.readouterr().err
     words = {"missing table": "not found", "missing column": "'z'", "text column": "'name'", "missing unit": "'person_id'"}[case]
     assert words in err
     # The attempt is recorded (a "running" row written at its start, then its end), nothing is released.
     out = cfg["output"]["path"]
     runs = spark.read.format("delta").load(out + "/runs").collect()
-    assert [(r.run_id, r.attempt, r.status, r.charged, r.fit_started) for r in runs] == [("bad", 1, "failed", False, False)]
+    assert [(r.run_id, r.attempt, r.status, r.charged, r.fit_started) for r in runs] == [("bad", 1, status, False, False)]
     assert words in runs[0].error
     assert sorted(os.listdir(out)) == ["runs"]  # no centers, summary.json, summary/ or report
 
