@@ -184,10 +184,11 @@ def test_a_fit_error_quoting_a_record_reaches_the_command_line_by_its_type_only(
 
 
 def test_an_error_before_the_fit_passes_as_today(spark, tmp_path, write_delta, capsys):
-    """Before the fit no private value has been read: the message names the column, as always."""
+    """Before the fit no private value has been read: the message names the column, as always (a
+    config mistake: exit 2)."""
     path = write_delta(points_frame(10))
     cfg, _ = make_config(tmp_path, path, **{"input.features": ["x", "nope"], "output.report": False})
-    assert main(["run", "--config", cfg, "--run-id", "early", "--json"], spark=spark) == 1
+    assert main(["run", "--config", cfg, "--run-id", "early", "--json"], spark=spark) == 2
     captured = capsys.readouterr()
     assert "'nope'" in captured.err and "'nope'" in _json_line(captured.out)["error"]
 

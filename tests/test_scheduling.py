@@ -171,7 +171,8 @@ def test_a_retry_reuses_the_charge_of_an_attempt_that_never_started_its_fit(spar
                                                        "fit_started", "succeeded"]
     # A second deliberate release is a new charge.
     assert main(["run", "--config", cfg, "--run-id", "r", "--force"], spark=spark) == 0
-    assert ledger.totals(key).spent_epsilon == pytest.approx(2.0) and centers_of(spark, out, "r") == 3
+    # attempts 2 and 3 each released k = 3 centers, and both releases are kept
+    assert ledger.totals(key).spent_epsilon == pytest.approx(2.0) and centers_of(spark, out, "r") == 6
     # One taker per charge, even for two retries at the same moment.
     assert ledger.claim_charge(key, "other", 1, 2) is True and ledger.claim_charge(key, "other", 1, 3) is False
 
