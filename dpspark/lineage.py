@@ -24,9 +24,10 @@ accepted: a union, join, explode, window, aggregate or Python map would give one
 several rows, and an expression that can raise would make the fit's failure, after the charge, depend
 on one record.
 
-Spark Connect has no py4j plan to walk: with a ledger such a DataFrame is refused (it cannot be
-checked). The check reads no row (only plans, the Delta log and file listings), before anything is
-charged.
+A Spark Connect DataFrame has no analysed plan on the client: ``check_reads_only`` hands it to
+``dpspark.connect_plan``, which checks its unresolved plan and accepts only the simplest lineage (a
+Delta read of ledgerInput, plain column selections, VectorAssembler(handleInvalid='skip')). The
+check reads no row (only plans, the Delta log and file listings), before anything is charged.
 """
 
 from __future__ import annotations
@@ -220,7 +221,14 @@ def assemblers_that_raise(dataset) -> int:
     """How many VectorAssembler steps of ``dataset``'s plan can raise on a null or NaN input column
     (handleInvalid 'error', its default, or 'keep', which the plan cannot tell apart): such a row
     fails the fit once it has started. Best effort, for a warning before a fit WITHOUT a ledger (with
-    one, ``check_reads_only`` refuses them): 0 when the plan cannot be read (Spark Connect)."""
+    one, ``check_reads_only`` refuses them): 0 when the plan cannot be read. On Spark Connect:
+    ``dpspark.connect_plan.assemblers_that_raise`` (there 'keep' is told apart and not counted)."""
+    from dpspark.session import is_connect
+
+    if is_connect(dataset.sparkSession):
+        from dpspark import connect_plan
+
+        return connect_plan.assemblers_that_raise(dataset)
     try:
         stack = [_analyzed_plan(dataset)]
         found = 0
@@ -249,10 +257,15 @@ def check_reads_only(dataset, ledger_input: str) -> None:
     """Refuse (``LineageError``) a DataFrame whose plan reads anything but the table ``ledger_input``.
 
     See the module docstring. ``SchemaError`` when ``ledger_input`` does not exist. A Spark Connect
-    DataFrame is refused: its plan cannot be checked.
+    DataFrame is checked by ``dpspark.connect_plan`` (stricter: see there).
     """
     from dpspark import tables
+    from dpspark.session import is_connect
 
+    if is_connect(dataset.sparkSession):
+        from dpspark import connect_plan
+
+        return connect_plan.check_reads_only(dataset, ledger_input)
     plan = _analyzed_plan(dataset)
     spark = dataset.sparkSession
     qualified = tables.qualify(ledger_input)

@@ -30,6 +30,14 @@ dpspark.runner). An error that is not dpspark's own, raised once the fit has sta
 caller as ``dpspark.errors.RunFailed`` naming its type only (it may quote a record), chaining
 nothing. ``transform`` labels rows with their nearest released center: the labels are computed from
 the rows and are NOT differentially private.
+
+Spark Connect. ``fit`` runs on a Spark Connect session too (``SparkSession.builder.remote(...)``, a
+server started with Delta Lake). With a ledger, the DataFrame's lineage is checked on its
+unresolved Connect plan instead of the analysed JVM plan (``dpspark.connect_plan``), which only
+proves the simplest shape: a Delta read of ledgerInput itself, plain column selections, and
+optionally VectorAssembler(handleInvalid='skip'); anything else is refused (pass the feature
+columns as inputCols). ``write().overwrite()`` replaces the model's one metadata file (a Connect
+client cannot delete folders; nothing else under the path is read back).
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from dpspark import __version__, config as config_mod
 from dpspark.errors import (BudgetRefused, ConfigError, DPSparkError, PrivacyAccountingError, RunFailed, RunKilled,
                             for_the_analyst)
 from dpspark.progress import OPERATOR_LOG_ENV, accounted, capture, log, log_trouble, operator_log, step
-from dpspark.session import PLAN_CONF, quiet_spark_logs, reset_py4j_connection
+from dpspark.session import PLAN_CONF, is_connect, quiet_spark_logs, reset_py4j_connection
 
 __all__ = ["DPClustering", "DPClusteringModel", "DPClusteringSummary", "ParamError", "PARAMS"]
 
@@ -397,7 +405,8 @@ def _check_reads_only(dataset, ledger_input: str) -> None:
     """The DataFrame must be a scan of ``ledgerInput`` alone, then transformations (``dpspark.lineage``
     walks its analysed plan): the charge goes to that table's budget. Rows from the driver
     (createDataFrame, toPandas), an RDD (checkpoint, localCheckpoint), spark.range, another table or a
-    subquery are refused before the charge; so is a Spark Connect DataFrame, whose plan cannot be checked."""
+    subquery are refused before the charge. On Spark Connect the check is stricter (its unresolved plan
+    proves less: ``dpspark.connect_plan``)."""
     from dpspark import lineage
 
     try:
@@ -440,7 +449,8 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
         from dpspark import tables
         from dpspark.privacy.ledger import NOT_PRIVATE_NOTE, Ledger
         from dpspark.privacy.randomness import Randomness
-        from dpspark.runner import collapse_of, estimator_class, keep_operator_record, new_run_id, operator_log_dir
+        from dpspark.runner import (cancel_jobs, collapse_of, estimator_class, keep_operator_record, new_run_id,
+                                    operator_log_dir)
 
         config = self.toConfig()  # before any Spark job: a bad Param costs nothing
         chosen_id = self.getOrDefault(self.runId) if self.isSet(self.runId) else None
@@ -482,7 +492,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                 if config.privacy.ledger is not None:
                     _check_reads_only(dataset, config.input.path)
                     ledger_path = tables.qualify(config.privacy.ledger)
-                    tables.check_output_location(spark, ledger_path, "ledgerPath")
+                    tables.check_output_location(spark, ledger_path, "ledgerPath", delta_only=True)
                     ledger = Ledger(spark, ledger_path)
                     input_key = tables.ledger_key_of(spark, config.input.path)
                     if chosen_id is not None:
@@ -545,8 +555,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                 if killed:
                     status = "killed"
                     reset_py4j_connection(spark)  # the interrupted call's answer is still unread
-                    with contextlib.suppress(Exception):
-                        spark.sparkContext.cancelAllJobs()
+                    cancel_jobs(spark)
                 notes.update(error_type=type(exc).__name__,
                              traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
                 failure = for_the_analyst(exc, record["fit_started"])  # drops the chain of a kept error
@@ -738,9 +747,27 @@ class _ModelWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def save(self, path: str) -> None:
+        """As ``MLWriter.save``; on Spark Connect, ``overwrite()`` replaces the metadata file (pyspark's
+        overwrite deletes the folder through the JVM, which a Connect client does not have)."""
+        if self.shouldOverwrite and is_connect(self.sparkSession):
+            self._write_metadata(path, mode="overwrite")
+            return
+        super().save(path)
+
     def saveImpl(self, path: str) -> None:
         state = {k: self.instance._state.get(k) for k in STATE_KEYS}
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession, extraMetadata={"dpspark": state})
+
+    def _write_metadata(self, path: str, mode: str) -> None:
+        """``DefaultParamsWriter.saveMetadata`` with a write ``mode``."""
+        import os
+
+        spark = self.sparkSession
+        state = {k: self.instance._state.get(k) for k in STATE_KEYS}
+        text = DefaultParamsWriter._get_metadata_to_save(self.instance, spark, extraMetadata={"dpspark": state})
+        (spark.createDataFrame([(text,)], schema=["value"]).coalesce(1).write.mode(mode)
+         .text(os.path.join(path, "metadata")))
 
 
 class _ModelReader(MLReader):

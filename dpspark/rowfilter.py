@@ -569,7 +569,19 @@ def total_expression_problem(expr, allowed_udfs=()) -> str | None:
 
 def apply(spark, df, text: str):
     """``df`` filtered by ``input.where`` (parsed, built, analysed with ANSI off and checked; see
-    the module docstring). Every error is a ConfigError on ``input.where``, raised before any charge."""
+    the module docstring). Every error is a ConfigError on ``input.where``, raised before any charge.
+
+    Refused on a Spark Connect session: there the server analyses the filter again at every
+    execution, with its session's settings at that moment (ANSI mode is on by default in Spark 4),
+    so the analysis with ANSI off that makes the grammar's implicit casts total cannot be pinned, and
+    the analysed plan cannot be checked from the client."""
+    from dpspark.session import is_connect
+
+    if is_connect(spark):
+        raise ConfigError(KEY, "is not available on a Spark Connect session: its totality rests on the filter "
+                               "being analysed with ANSI mode off and checked on its analysed plan, which only a "
+                               "classic session allows; filter the table before (a table of its own, with its own "
+                               "budget), or run on a classic session")
     node = parse(text)
     condition = to_column(node, df.columns)
     saved = spark.conf.get("spark.sql.ansi.enabled", None)

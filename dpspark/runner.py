@@ -38,6 +38,14 @@ input key, timings, the family's ``operational`` dict, a failure's type and trac
 attempt's dpspark log lines); unset, nothing is kept. In a run with a ledger the analyst's log
 shows none of them (dpspark.progress), and an error that is not dpspark's own, once the fit has
 started, reaches the analyst as ``RunFailed`` naming its type only (dpspark.errors.for_the_analyst).
+
+On a Spark Connect session (``dpspark.session.is_connect``) the attempt is the same, with these
+differences, all decided before any charge: ``output.path`` must be a local path (the client
+writes summary.json and the report; a remote URI is a ``ConfigError`` naming output.path); with a
+ledger the input must be a Delta table (a parquet/csv folder's ledger key is its Hadoop-qualified
+path: a ``ConfigError`` naming input.format); no Python-worker warm-up (the server's workers are its
+own); a killed attempt interrupts its requests (``interruptAll``) instead of cancelling the
+SparkContext's jobs. The ledger is the same Delta table, charged by the same UPDATE.
 """
 
 from __future__ import annotations
@@ -57,12 +65,12 @@ from datetime import datetime, timezone
 import numpy as np
 
 from dpspark import __version__, tables
-from dpspark.errors import (BudgetRefused, DPSparkError, PrivacyAccountingError, RunFailed, RunKilled,
+from dpspark.errors import (BudgetRefused, ConfigError, DPSparkError, PrivacyAccountingError, RunFailed, RunKilled,
                             for_the_analyst)
 from dpspark.privacy.ledger import NOT_PRIVATE_NOTE, Ledger
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import OPERATOR_LOG_ENV, accounted, capture, detail, log, log_trouble, operator_log, step
-from dpspark.session import quiet_spark_logs, reset_py4j_connection
+from dpspark.session import is_connect, quiet_spark_logs, reset_py4j_connection
 
 ESTIMATORS = {
     "auto": "dpspark.auto.estimator:AutoClustering",
@@ -175,6 +183,7 @@ def _exists(spark, path: str) -> bool:
     local = tables.local_path(path)
     if local is not None:
         return os.path.exists(local)
+    tables.require_local_small_file(spark, path)  # Spark Connect: local paths only
     jvm = spark.sparkContext._jvm
     hpath = jvm.org.apache.hadoop.fs.Path(path)
     return bool(hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hpath))
@@ -312,7 +321,8 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
         ledger = None
         if config.privacy.ledger:
             ledger_path = tables.qualify(config.privacy.ledger)
-            tables.check_output_location(spark, ledger_path, "privacy.ledger")
+            tables.check_output_location(spark, ledger_path, "privacy.ledger", delta_only=True)
+            _check_connect_ledger_input(spark, config)
             ledger = Ledger(spark, ledger_path)
         earlier = tables.read_attempts(spark, paths["runs"], run_id)
 
@@ -497,7 +507,7 @@ def _attempt(config, spark, run_id: str, randomness: Randomness | None, force: b
         operator_log.error("run %s attempt %d %s", run_id, attempt, status, exc_info=exc)
         if killed:
             reset_py4j_connection(spark)
-            _cancel_jobs(spark)  # the running row's write too, if it is still under way
+            cancel_jobs(spark)  # the running row's write too, if it is still under way
         _settle(running_row, timings, quiet=True)  # the thread's row lands (or fails) before the end is written over it
         if wrote_outputs:
             _cleanup(spark, paths, run_id, attempt, config.output.report)
@@ -573,9 +583,25 @@ def _settle(background, timings: dict, quiet: bool = False) -> None:
         log.error("the running row of runs/ was not written: %s", exc)
 
 
-def _cancel_jobs(spark) -> None:
+def _check_connect_ledger_input(spark, config) -> None:
+    """With a ledger on Spark Connect, the input must be a Delta table (``ConfigError`` naming
+    input.format, before any charge): a parquet/csv folder's ledger key is its Hadoop-qualified path
+    (``tables.canonical_path``), which a Connect client cannot compute, and a balance keyed otherwise
+    would not be the one a classic session charges for the same folder."""
+    if is_connect(spark) and config.input.format != "delta" and not getattr(config.input, "table", None):
+        raise ConfigError("input.format", f"{config.input.format!r} input with a privacy ledger on a Spark Connect session: "
+                                          "only a Delta table can be charged there (a parquet/csv folder's ledger key "
+                                          "is its Hadoop-qualified path, which needs a classic session)")
+
+
+def cancel_jobs(spark) -> None:
+    """Stop the Spark work of a killed run: the SparkContext's jobs, or on Spark Connect every request
+    of this session under way (``interruptAll``). Never raises."""
     try:
-        spark.sparkContext.cancelAllJobs()
+        if is_connect(spark):
+            spark.interruptAll()
+        else:
+            spark.sparkContext.cancelAllJobs()
     except Exception:
         log_trouble("could not cancel the Spark jobs of a killed run")
 
@@ -699,7 +725,9 @@ def _warm_python_workers(spark):
     only (``range``: no private value, no noise) in a daemon thread leaves them ready for the fit
     (``spark.python.worker.reuse``). Only in local mode (a cluster's executors start their own) and
     once per session; a failure is ignored (the fit starts the workers as before). Returns the
-    thread, or None when nothing was started."""
+    thread, or None when nothing was started. Not on Spark Connect: the server's workers are its own."""
+    if is_connect(spark):
+        return None
     sc = spark.sparkContext
     if getattr(sc, "_dpspark_warmed", False) or not str(sc.master).startswith("local"):
         return None
@@ -753,14 +781,20 @@ class _Background:
 
 
 class _SparkBackground(_Background):
-    """A ``_Background`` whose function calls Spark: an ``InheritableThread``, which in pinned-thread
-    mode gives the thread its own py4j connection and the main thread's job properties."""
+    """A ``_Background`` whose function calls Spark, ``fn(spark, ...)``: an ``InheritableThread``, which
+    in pinned-thread mode gives the thread its own py4j connection and the main thread's job
+    properties; on Spark Connect it needs the session (the thread gets the session's tags)."""
 
-    @staticmethod
-    def _new_thread(**kwargs):
+    def __init__(self, fn, spark, *args):
+        self._spark = spark
+        super().__init__(fn, spark, *args)
+
+    def _new_thread(self, **kwargs):
         from pyspark import InheritableThread
 
         target = kwargs.pop("target")
+        if is_connect(self._spark):
+            return InheritableThread(target, session=self._spark, **kwargs)
         return InheritableThread(target, **kwargs)
 
 

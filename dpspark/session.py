@@ -11,6 +11,13 @@
   captured: Ivy's resolution report is shown only when the fetch fails.
 
 ``get_session()`` is the same builder for Python users (notebooks, scripts): see its docstring.
+
+Spark Connect. With ``$DPSPARK_REMOTE`` (or pyspark's own ``$SPARK_REMOTE``) set to an ``sc://`` URL,
+``build_session`` returns a Spark Connect session to that server instead: the server is the
+deployment's (never a job config's key), started with Delta Lake (its JARs and its SQL extension
+and catalog; see docs/cluster.md), and checked for Delta's SQL extension. Only runtime settings go
+to it (the job's ``spark.conf``, ``PLAN_CONF``): the master, the JARs and the JVM are the server's.
+``is_connect`` tells the two kinds of session apart for the few places that differ.
 """
 
 from __future__ import annotations
@@ -187,6 +194,73 @@ def _defaults_set_java_options() -> bool:
         return False
 
 
+def is_connect(spark) -> bool:
+    """True for a Spark Connect session (``pyspark.sql.connect``): no py4j gateway, no SparkContext,
+    no JVM objects on the client; everything goes through DataFrames, SQL and the server's Delta."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+REMOTE_ENV = ("DPSPARK_REMOTE", "SPARK_REMOTE")
+
+
+def remote_url() -> str | None:
+    """The Spark Connect server of this deployment: ``$DPSPARK_REMOTE``, else pyspark's ``$SPARK_REMOTE``,
+    else None (a classic session). An environment setting, never a job config's key: which server
+    runs the job (and so which ledger and tables it can reach) is the operator's choice."""
+    for name in REMOTE_ENV:
+        value = (os.environ.get(name) or "").strip()
+        if value:
+            return value
+    return None
+
+
+DELTA_EXTENSION = DELTA_CONF["spark.sql.extensions"]
+
+
+def check_connect_server(spark) -> None:
+    """A Spark Connect server must have been started with Delta Lake: its SQL extension (the
+    ``delta.`path``` tables, DESCRIBE DETAIL/HISTORY, MERGE, UPDATE and DELETE of the ledger and the
+    outputs) is a static setting a client cannot add. ``DPSparkError`` naming what is missing."""
+    from dpspark.errors import DPSparkError
+
+    extensions = str(spark.conf.get("spark.sql.extensions", "") or "")
+    if DELTA_EXTENSION not in [e.strip() for e in extensions.split(",")]:
+        raise DPSparkError(
+            f"the Spark Connect server at {remote_url() or 'the given URL'} runs without Delta Lake's SQL extension "
+            f"(its spark.sql.extensions is {extensions or 'unset'!r}); dpspark needs it: start the server with "
+            f"--packages {DELTA_PACKAGE} (or its JARs) and --conf spark.sql.extensions={DELTA_EXTENSION} "
+            f"--conf spark.sql.catalog.spark_catalog={DELTA_CONF['spark.sql.catalog.spark_catalog']}")
+
+
+def _build_remote_session(url: str, app_name: str, conf: dict):
+    """A Spark Connect session to ``url`` (see the module docstring). Only runtime settings are sent:
+    ``PLAN_CONF`` and the job's ``spark.conf``; a key the server does not let a client change (a
+    static or JVM setting) is left out with a warning naming it."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from dpspark.errors import DPSparkError
+
+    if not url.startswith("sc://"):
+        raise DPSparkError(f"${'/$'.join(REMOTE_ENV)}={url!r}: dpspark connects to a running Spark Connect server, "
+                           f"given as sc://host:port (the deployment's server, started with Delta Lake)")
+    # As pyspark's own builder does for a Connect process: pyspark.ml and pyspark.sql functions
+    # then dispatch to their Connect implementations.
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    spark = ConnectSession.builder.remote(url).appName(app_name).getOrCreate()
+    check_connect_server(spark)
+    log = logging.getLogger("dpspark")
+    for key, value in {**PLAN_CONF, **dict(conf)}.items():
+        try:
+            modifiable = spark.conf.isModifiable(key)
+        except Exception:
+            modifiable = False
+        if modifiable:
+            spark.conf.set(key, str(value))
+        elif key not in PLAN_CONF:
+            log.warning("spark.conf.%s is not set: a Spark Connect server's static and JVM settings are its own", key)
+    return spark
+
+
 def launched_by_spark_submit() -> bool:
     """True inside a Python driver started by spark-submit (or the pyspark shell)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
@@ -195,9 +269,16 @@ def launched_by_spark_submit() -> bool:
 def build_session(master: str | None = None, app_name: str = "dpspark", conf: dict | tuple = (), testing: bool = False,
                   small_job: bool = False):
     """Get or create the SparkSession, with Delta Lake configured. ``small_job``: a new local JVM starts
-    with ``SMALL_JOB_JAVA_OPTIONS`` (see there)."""
+    with ``SMALL_JOB_JAVA_OPTIONS`` (see there). With ``$DPSPARK_REMOTE`` or ``$SPARK_REMOTE``: a Spark
+    Connect session to that server (``master``, ``testing`` and ``small_job`` do not apply)."""
     from pyspark.sql import SparkSession
 
+    url = remote_url()
+    if url is not None:
+        if master:
+            logging.getLogger("dpspark").warning("spark.master=%s is not used: this job runs on the Spark Connect "
+                                                 "server %s", master, url)
+        return _build_remote_session(url, app_name, dict(conf))
     builder = SparkSession.builder.appName(app_name)
     for key, value in {**DELTA_CONF, **PLAN_CONF}.items():
         builder = builder.config(key, value)
@@ -309,7 +390,10 @@ def reset_py4j_connection(spark=None) -> None:
     the thread would read the answer of the one before: a ``finally`` that unpersists during the
     unwinding, or the runner recording the killed attempt (seen as ``KeyError: 'm'`` or "... does
     not exist in the JVM"). The next call opens a fresh connection; with no call under way the
-    reset costs only that."""
+    reset costs only that. A Spark Connect session has no py4j connection: nothing to do (its gRPC
+    calls are separate requests; an interrupted one leaves nothing unread)."""
+    if spark is not None and is_connect(spark):
+        return
     try:
         if spark is not None:
             gateway = spark.sparkContext._gateway
@@ -338,13 +422,16 @@ def quiet_spark_logs(spark, on: bool = True):
     share the driver's JVM and stderr. dpspark's own expressions cannot raise on a value (see
     docs/privacy.md, "Threat model"), so this is defence in depth: in an accounted run the analyst's
     stderr carries no Spark log line; the error's details go to the operator log through the runner.
-    Restored on exit; a no-op without a classic session (Spark Connect: the server keeps its log).
+    Restored on exit. A no-op on a Spark Connect session: the server's log (its driver and
+    executors) is the deployment's, not the analyst's, and the client receives only a failed
+    request's error, which the runner and ``DPClustering.fit`` reduce to its type once the fit has
+    started (``dpspark.errors.for_the_analyst``), as on a classic session.
     A deployment whose driver log the analyst cannot read may keep Spark's lines with
     ``$DPSPARK_ACCOUNTED_SPARK_LOG`` (a log4j level, e.g. WARN, or KEEP for the session's level).
     """
     manager = None
     level = os.environ.get(ACCOUNTED_SPARK_LOG_ENV, "OFF")  # the deployment's, never a config's
-    if on and level.upper() != "KEEP":
+    if on and level.upper() != "KEEP" and not is_connect(spark):
         try:
             manager = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager
             before = str(manager.getRootLogger().getLevel().toString())

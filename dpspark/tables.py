@@ -12,6 +12,15 @@ Reading (``load_table``, then ``prepare_points``), in this order, all per record
 Writing: ``centers/`` and ``runs/`` Delta tables, written idempotently per run id
 (the same run id twice leaves one set of rows), and small files
 (``summary.json``, ``report.png``) written atomically.
+
+On a Spark Connect session (``dpspark.session.is_connect``) the client has no JVM: tables are read,
+written and inspected through DataFrames and SQL (``DESCRIBE DETAIL``, ``DESCRIBE HISTORY``,
+``DELETE``) on the server, which resolves every table path (a relative path is made absolute by
+the client, ``qualify``). The small files are written by the client itself, so ``output.path``
+must be a LOCAL path that the client and the server see as the same place (one host, or a shared
+mount): a remote URI there is refused before any charge (``check_output_location``). A non-Delta
+table's ledger key is Hadoop's qualified path, which only a classic session can compute:
+``ledger_key_of`` refuses one on Spark Connect.
 """
 
 from __future__ import annotations
@@ -22,9 +31,11 @@ import re
 import tempfile
 from dataclasses import dataclass
 
-from dpspark.errors import ColumnError, SchemaError
+from dpspark.errors import ColumnError, ConfigError, DPSparkError, SchemaError
 from dpspark.privacy.bounding import bound_contributions
 from dpspark.privacy.domain import Domain
+from dpspark.privacy.ledger import _not_a_table, _sql_string, _table_name
+from dpspark.session import is_connect
 
 UNIT_PREFIX = "_u"
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -58,13 +69,15 @@ def qualify(path: str) -> str:
 def canonical_path(spark, path: str) -> str:
     """One spelling per location, for ledger keys: ``file:`` + the real path (symlinks resolved, no
     trailing slash, no ``//``) locally; for other schemes Hadoop's normalised, qualified URI (lower-case
-    scheme, duplicate and trailing slashes removed)."""
+    scheme, duplicate and trailing slashes removed). Without a session, or on Spark Connect (no Hadoop
+    on the client), a remote URI only gets its scheme lower-cased: never a ledger key there
+    (``ledger_key_of`` refuses a non-Delta table on Spark Connect)."""
     local = local_path(path)
     if local is not None:
         return "file:" + os.path.realpath(os.path.abspath(local))
     scheme, sep, rest = path.partition("://")
     text = scheme.lower() + sep + rest
-    if spark is None:
+    if spark is None or is_connect(spark):
         return text
     jvm = spark.sparkContext._jvm
     hpath = jvm.org.apache.hadoop.fs.Path(text)
@@ -83,7 +96,27 @@ def unit_columns(dim: int) -> list[str]:
 # Reading
 
 
+# What DESCRIBE DETAIL of a path string raises when nothing is there (as opposed to an error of
+# the storage, which must propagate).
+_NOT_FOUND = ("DELTA_FILE_NOT_FOUND", "PATH_NOT_FOUND", "DELTA_PATH_DOES_NOT_EXIST")
+
+
+def _first_line(exc: Exception) -> str:
+    """An exception's first line (a Spark Connect error carries the server's JVM stack trace after it)."""
+    return (str(exc).splitlines() or [""])[0]
+
+
 def _exists(spark, path: str) -> bool:
+    """Is there a file or folder at ``path``? On Spark Connect the server is asked (it resolves the
+    tables it reads): ``DESCRIBE DETAIL`` of the path, whatever it holds."""
+    if is_connect(spark):
+        try:
+            spark.sql(f"DESCRIBE DETAIL {_sql_string(path)}").select("location").collect()
+            return True
+        except Exception as exc:
+            if any(word in str(exc) for word in _NOT_FOUND):
+                return False
+            raise
     local = local_path(path)
     if local is not None:
         return os.path.exists(local)
@@ -122,7 +155,10 @@ def delta_snapshot(spark, path: str) -> tuple[int, str] | None:
     log, or None when ``path`` holds no Delta table. No Spark job: the version, the id and the schema
     come from the last commit's checksum file or log replay on the driver (``DESCRIBE DETAIL`` would
     compute the whole table state, ``DESCRIBE HISTORY`` reads every commit file: five Spark jobs
-    together, several seconds for a small job)."""
+    together, several seconds for a small job). On Spark Connect (no JVM on the client): the SQL
+    of ``_delta_snapshot_sql``."""
+    if is_connect(spark):
+        return _delta_snapshot_sql(spark, path)
     try:
         jvm = spark._jvm
         delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
@@ -159,6 +195,39 @@ def _delta_snapshot_public_api(spark, path: str) -> tuple[int, str] | None:
     return int(table.history(1).select("version").first()["version"]), str(table_id)
 
 
+def _delta_detail(spark, path: str) -> tuple[str, str] | None:
+    """(table id, location) of the Delta table at ``path`` from ``DESCRIBE DETAIL`` (one SQL command,
+    any session kind), or None when ``path`` holds no Delta table."""
+    try:
+        row = spark.sql(f"DESCRIBE DETAIL {_table_name(path)}").select("id", "location").first()
+    except Exception as exc:
+        if _not_a_table(exc):
+            return None
+        raise
+    if row is None or row["id"] is None:
+        return None
+    return str(row["id"]), str(row["location"])
+
+
+SNAPSHOT_TRIES = 5
+
+
+def _delta_snapshot_sql(spark, path: str) -> tuple[int, str] | None:
+    """``delta_snapshot`` in SQL: the table id (``DESCRIBE DETAIL``), the latest version (``DESCRIBE
+    HISTORY ... LIMIT 1``), and the id again: the version belongs to that id unless the table was
+    replaced in between (a ``REPLACE TABLE ... AS SELECT`` gives it a new id), and then it is read
+    again. Two SQL commands more than the JVM's one snapshot, a second or so."""
+    for _ in range(SNAPSHOT_TRIES):
+        first = _delta_detail(spark, path)
+        if first is None:
+            return None
+        row = spark.sql(f"DESCRIBE HISTORY {_table_name(path)} LIMIT 1").select("version").first()
+        again = _delta_detail(spark, path)
+        if row is not None and again is not None and again[0] == first[0]:
+            return int(row["version"]), first[0]
+    raise SchemaError(f"the Delta table {path!r} was replaced {SNAPSHOT_TRIES} times while its version was read")
+
+
 def _open(spark, path: str, fmt: str, version: int | None, timestamp: str | None) -> InputTable:
     if not _exists(spark, path):
         raise SchemaError(f"input table not found: input.path={path!r} does not exist")
@@ -168,10 +237,9 @@ def _open(spark, path: str, fmt: str, version: int | None, timestamp: str | None
             raise SchemaError(f"input.path={path!r} is not a Delta table (set input.format to parquet or csv?)")
         latest, table_id = found
         if timestamp is not None:
-            from delta.tables import DeltaTable
             from pyspark.sql import functions as F
 
-            history = DeltaTable.forPath(spark, path).history()
+            history = spark.sql(f"DESCRIBE HISTORY {_table_name(path)}")  # DeltaTable.history(), any session kind
             found_version = (history.where(F.col("timestamp") <= F.to_timestamp(F.lit(timestamp)))
                              .agg(F.max("version")).first()[0])
             if found_version is None:
@@ -198,13 +266,18 @@ def _open(spark, path: str, fmt: str, version: int | None, timestamp: str | None
             df = spark.read.parquet(path)
         else:
             df = spark.read.option("header", True).option("inferSchema", False).option("enforceSchema", False).csv(path)
+        df.columns  # a Spark Connect read is analysed lazily: here, inside this try
     except Exception as exc:
-        raise SchemaError(f"cannot read input.path={path!r} as {fmt}: {exc}") from None
+        reason = _first_line(exc) if is_connect(spark) else exc
+        raise SchemaError(f"cannot read input.path={path!r} as {fmt}: {reason}") from None
     return InputTable(df=df, path=path, ledger_key=canonical_path(spark, path), version=None)
 
 
 def ledger_key_of(spark, path: str, fmt: str | None = None) -> str:
-    """The ledger key of the table at ``path`` (see ``InputTable``). ``fmt`` None: Delta if it is one."""
+    """The ledger key of the table at ``path`` (see ``InputTable``). ``fmt`` None: Delta if it is one.
+
+    A non-Delta table's key is its Hadoop-qualified path, which a Spark Connect client cannot compute
+    (and a path the client resolves may not be the one the server reads): refused there."""
     path = qualify(path)
     if not _exists(spark, path):
         if fmt == "delta":
@@ -214,6 +287,9 @@ def ledger_key_of(spark, path: str, fmt: str | None = None) -> str:
     if fmt is None:
         fmt = "delta" if found is not None else "parquet"
     if fmt != "delta":
+        if is_connect(spark):
+            raise SchemaError(f"{path!r} is read as {fmt}: on a Spark Connect session only a Delta table has a ledger "
+                              f"key (a {fmt} folder's is its Hadoop-qualified path, which needs a classic session)")
         return canonical_path(spark, path)
     if found is None:
         raise SchemaError(f"input.path={path!r} is not a Delta table (set input.format to parquet or csv?)")
@@ -369,8 +445,18 @@ def _local(path: str) -> str:
     return path[len("file:"):] if path.startswith("file:") else path
 
 
+def require_local_small_file(spark, path: str) -> None:
+    """A small file at a remote URI (``path``) needs Hadoop's FileSystem in the driver: ``DPSparkError``
+    on Spark Connect, nothing on a classic session."""
+    if is_connect(spark):
+        raise DPSparkError(f"cannot read, write or remove {path!r} from a Spark Connect client: dpspark writes its small files "
+                           f"(summary.json, the report, operator records) itself, at local paths only (a folder the "
+                           f"client and the server share); use a classic session for remote URIs")
+
+
 def write_bytes(spark, path: str, data: bytes) -> None:
-    """Write a small file atomically (temp file + rename), locally or through Hadoop's FileSystem."""
+    """Write a small file atomically (temp file + rename), locally or through Hadoop's FileSystem
+    (a classic session only: see the module docstring)."""
     if _is_local(path):
         path = _local(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -380,6 +466,7 @@ def write_bytes(spark, path: str, data: bytes) -> None:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
         return
+    require_local_small_file(spark, path)
     jvm = spark.sparkContext._jvm
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     target = jvm.org.apache.hadoop.fs.Path(path)
@@ -399,6 +486,7 @@ def delete_file(spark, path: str) -> None:
         except FileNotFoundError:
             pass
         return
+    require_local_small_file(spark, path)
     jvm = spark.sparkContext._jvm
     target = jvm.org.apache.hadoop.fs.Path(path)
     target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(target, False)
@@ -409,6 +497,8 @@ def write_json(spark, path: str, payload: dict) -> None:
 
 
 def _delta_exists(spark, path: str) -> bool:
+    if is_connect(spark):  # one SQL command: no Delta table there (or nothing at all) is None
+        return _delta_detail(spark, path) is not None
     from delta.tables import DeltaTable
 
     return _exists(spark, path) and DeltaTable.isDeltaTable(spark, path)
@@ -428,15 +518,13 @@ def replace_run_rows(spark, df, path: str, run_id: str, attempt: int | None = No
 
 
 def delete_run_rows(spark, path: str, run_id: str, attempt: int | None = None) -> None:
-    """Delete the rows of ``run_id`` (only those of ``attempt`` when given) from the Delta table at ``path``."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
+    """Delete the rows of ``run_id`` (only those of ``attempt`` when given) from the Delta table at ``path``:
+    one SQL ``DELETE`` (what ``DeltaTable.delete`` runs), on either kind of session."""
+    if not RUN_ID_PATTERN.match(run_id):
+        raise ValueError(f"invalid run id {run_id!r}")
     if _delta_exists(spark, path):
-        where = F.col("run_id") == F.lit(run_id)
-        if attempt is not None:
-            where = where & (F.col("attempt") == F.lit(int(attempt)))
-        DeltaTable.forPath(spark, path).delete(where)
+        where = f"run_id = '{run_id}'" + ("" if attempt is None else f" AND attempt = {int(attempt)}")
+        spark.sql(f"DELETE FROM {_table_name(path)} WHERE {where}")
 
 
 CENTERS_FIXED = ("run_id", "attempt", "cluster_id", "noisy_weight", "private")
@@ -505,8 +593,13 @@ def read_attempts(spark, path: str, run_id: str) -> list[dict]:
     return rows
 
 
-def check_output_location(spark, path: str, key: str = "output.path") -> None:
-    """Before any charge: the output location must be a directory or creatable (not a file)."""
+def check_output_location(spark, path: str, key: str = "output.path", delta_only: bool = False) -> None:
+    """Before any charge: the output location must be a directory or creatable (not a file).
+
+    On Spark Connect a remote URI cannot be checked (no Hadoop on the client): with ``delta_only``
+    (a location that holds Delta tables only, the ledger) it is left to the server's Delta; else
+    (``output.path``: summary.json and the report are written by the client) it is refused with a
+    ``ConfigError`` naming ``key``."""
     local = local_path(path)
     if local is not None:
         probe = os.path.abspath(local)
@@ -522,6 +615,12 @@ def check_output_location(spark, path: str, key: str = "output.path") -> None:
         if not os.access(probe, os.W_OK):
             raise SchemaError(f"{key}={path!r} is not writable ({probe!r} is read-only)")
         return
+    if is_connect(spark):
+        if delta_only:
+            return
+        raise ConfigError(key, f"{path!r} is a remote URI: on a Spark Connect session dpspark writes summary.json and the "
+                               f"report from the client, so {key} must be a local path (one the client and the server "
+                               f"share); use a classic session for a remote {key}")
     jvm = spark.sparkContext._jvm
     hpath = jvm.org.apache.hadoop.fs.Path(path)
     fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())

@@ -262,7 +262,7 @@ def write_round_params(spark, protocol_path: str, params) -> None:
     row = (int(params.round), params.to_dict()["kind"], json.dumps(params.to_dict()),
            datetime.now(timezone.utc).replace(tzinfo=None))
     df = spark.createDataFrame([row], "round INT, kind STRING, params STRING, written_at TIMESTAMP").coalesce(1)
-    df.write.format("delta").mode("errorifexists").save(path)
+    df.write.format("delta").mode("error").save(path)  # "error": Spark Connect knows no "errorifexists"
     log.info("ldp: published the parameters of round %d at %s", params.round, path)
 
 

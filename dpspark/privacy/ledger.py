@@ -55,6 +55,12 @@ single transaction on one snapshot. Two runs that charge the same input at the s
 rewrite the balance row: Delta's optimistic concurrency lets one commit and fails the other with
 a concurrent-modification error; the loser retries on the new snapshot, where the budget condition
 now sees the winner's charge. So two runs can never both pass when the budget allows only one.
+
+Every operation is Spark SQL or a DataFrame read or write on the ledger's path (``CREATE TABLE IF
+NOT EXISTS``, ``ALTER TABLE ADD COLUMNS``, ``MERGE INTO`` from a temporary view, ``UPDATE``, appends),
+never delta-spark's Python ``DeltaTable`` (which needs the JVM of a classic session): one code path
+for a classic session and a Spark Connect one, with the same transactions, so the cap check and the
+charge stay one atomic Delta commit on either.
 """
 
 from __future__ import annotations
@@ -178,6 +184,21 @@ def _table_name(path: str) -> str:
     return "delta.`" + path.replace("`", "``") + "`"
 
 
+def _sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal (backslashes and single quotes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# What reading a path that holds no Delta table raises (as opposed to an error of the storage or of
+# Delta itself, which must propagate), on a classic or a Spark Connect session.
+NOT_A_TABLE = ("DELTA_MISSING_DELTA_TABLE", "is not a Delta table", "PATH_NOT_FOUND", "Path does not exist",
+               "DELTA_TABLE_NOT_FOUND", "DELTA_FILE_NOT_FOUND", "DELTA_PATH_DOES_NOT_EXIST")
+
+
+def _not_a_table(exc: Exception) -> bool:
+    return any(word in str(exc) for word in NOT_A_TABLE)
+
+
 def _check_guarantee(guarantee: str) -> None:
     if guarantee not in GUARANTEES:
         raise ValueError(f"guarantee={guarantee!r} should be one of {list(GUARANTEES)}")
@@ -191,7 +212,7 @@ def _is_conflict(exc: Exception) -> bool:
         # another run is creating the ledger right now: its first commit is not there yet
         # (seen as either error; DELTA_TABLE_NOT_FOUND in a fresh-clone run, two CLI runs at once)
         "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "DELTA_TABLE_NOT_FOUND",
-        # set_budget creates a new ledger with "errorifexists": another run created it first
+        # set_budget creates a new ledger with mode "error": another run created it first
         "DELTA_PATH_EXISTS",
     ))
 
@@ -241,40 +262,63 @@ class Ledger:
 
     # -- table --------------------------------------------------------------------
 
+    def _columns(self) -> list[str] | None:
+        """The ledger table's columns, or None when its path holds no Delta table: the schema of a read
+        (the latest snapshot's metadata; no Spark job, no row read), on either kind of session."""
+        try:
+            return list(self.spark.read.format("delta").load(self.path).columns)
+        except Exception as exc:
+            if _not_a_table(exc):
+                return None
+            raise
+
     def exists(self) -> bool:
-        from delta.tables import DeltaTable
+        return self._columns() is not None
 
-        return DeltaTable.isDeltaTable(self.spark, self.path)
-
-    def _ensure_table(self, create: bool = True, fresh: bool = False):
-        """The ledger's DeltaTable (created empty if missing and ``create``), or None. The existence and
-        column check runs once per Ledger instance, and again when ``fresh`` (a retry after a conflict)."""
-        from delta.tables import DeltaTable
-
+    def _ensure_table(self, create: bool = True, fresh: bool = False) -> bool | None:
+        """True once the ledger table exists with every column (created empty if missing and ``create``);
+        None when it is missing and not ``create``. The check runs once per Ledger instance, and again
+        when ``fresh`` (a retry after a conflict)."""
         if self._ready and not fresh:
-            return DeltaTable.forPath(self.spark, self.path)
+            return True
         for attempt in range(MAX_ATTEMPTS):
             try:
-                if not DeltaTable.isDeltaTable(self.spark, self.path):
+                have = self._columns()
+                if have is None:
                     if not create:
                         return None
-                    DeltaTable.createIfNotExists(self.spark).location(self.path).addColumns(self.spark.createDataFrame([], SCHEMA).schema).execute()
-                table = DeltaTable.forPath(self.spark, self.path)
-                self._upgrade(table)
+                    self.spark.sql(f"CREATE TABLE IF NOT EXISTS {_table_name(self.path)} ({SCHEMA}) USING delta")
+                    have = self._columns() or []
+                self._upgrade(have)
                 self._ready = True
-                return table
+                return True
             except Exception as exc:  # concurrent creation by another run
                 if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
                     raise
                 time.sleep(random.uniform(0.05, 0.3))
         raise RuntimeError("unreachable")
 
-    def _upgrade(self, table) -> None:
-        """A ledger written by an older dpspark lacks the newer columns: add them (nullable)."""
-        have = set(table.toDF().columns)
-        missing = [f for f in SCHEMA.split(", ") if f.split()[0] not in have]
+    def _upgrade(self, have) -> None:
+        """A ledger written by an older dpspark lacks the newer columns (``have`` are its columns): add
+        them (nullable)."""
+        missing = [f for f in SCHEMA.split(", ") if f.split()[0] not in set(have)]
         if missing:
             self.spark.sql(f"ALTER TABLE {_table_name(self.path)} ADD COLUMNS ({', '.join(missing)})")
+
+    def _merge(self, rows: list[tuple], on: str, matched_update: dict | None = None):
+        """``MERGE INTO`` the ledger from ``rows`` (a temporary view of them, as source ``s``; the ledger
+        is ``t``): ``matched_update`` (column -> source column) when ``on`` matches, insert all when
+        it does not. ONE Delta commit. Returns the metrics row (``num_inserted_rows``, ...)."""
+        view = f"dpspark_ledger_source_{uuid.uuid4().hex}"
+        self.spark.createDataFrame(rows, SCHEMA).createOrReplaceTempView(view)
+        update = ""
+        if matched_update:
+            update = "WHEN MATCHED THEN UPDATE SET " + ", ".join(f"t.{k} = s.{v}" for k, v in matched_update.items()) + " "
+        try:
+            return self.spark.sql(f"MERGE INTO {_table_name(self.path)} t USING {view} s ON {on} "
+                                  f"{update}WHEN NOT MATCHED THEN INSERT *").collect()[0]
+        finally:
+            self.spark.catalog.dropTempView(view)
 
     def _now(self):
         return datetime.now(timezone.utc).replace(tzinfo=None)
@@ -289,6 +333,8 @@ class Ledger:
         return self._row(**values)
 
     def _write_rows(self, rows: list[tuple], mode: str = "append") -> None:
+        """Write ``rows`` to the ledger's path, ``mode`` "append" or "error" (create the table, fail if
+        it exists: Spark Connect's writer knows no "errorifexists", its classic synonym)."""
         self.spark.createDataFrame(rows, SCHEMA).coalesce(1).write.format("delta").mode(mode).save(self.path)
 
     # -- administration -------------------------------------------------------------
@@ -317,17 +363,15 @@ class Ledger:
         for attempt in range(MAX_ATTEMPTS):
             try:
                 if (attempt > 0 or not self._ready) and not self.exists():
-                    # A new ledger: created by this commit ("errorifexists": if another run created it
+                    # A new ledger: created by this commit (mode "error": if another run created it
                     # meanwhile, this write fails as a conflict and the retry MERGEs into theirs).
-                    self._write_rows([balance, event], mode="errorifexists")
+                    self._write_rows([balance, event], mode="error")
                     self._ready, created = True, True
                 else:
-                    table = self._ensure_table(fresh=attempt > 0)
-                    source = self.spark.createDataFrame([balance, event], SCHEMA).alias("s")
-                    (table.alias("t").merge(source, "t.entry_id = s.entry_id")
-                     .whenMatchedUpdate(set={"cap_epsilon": "s.cap_epsilon", "cap_delta": "s.cap_delta",
-                                             "updated_at": "s.updated_at", "actor": "s.actor"})
-                     .whenNotMatchedInsertAll().execute())
+                    self._ensure_table(fresh=attempt > 0)
+                    self._merge([balance, event], "t.entry_id = s.entry_id",
+                                {"cap_epsilon": "cap_epsilon", "cap_delta": "cap_delta", "updated_at": "updated_at",
+                                 "actor": "actor"})
                 break
             except Exception as exc:
                 if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
@@ -442,18 +486,15 @@ class Ledger:
         (``_claim_id``), and a claim of the older form ``claim:{run_id}:{attempt}`` (no input in the id)
         is matched too when its ``input_path`` is this input, so a charge taken over before the id
         named the input cannot be taken over again."""
-        from pyspark.sql import functions as F
-
-        source = self.spark.createDataFrame([self._row(
+        claim = self._row(
             entry_id=_claim_id(input_key, run_id, charged_attempt), kind="claim", input_path=input_key, run_id=run_id,
-            epsilon=0.0, delta=0.0, status="claimed", updated_at=self._now(), attempt=int(attempt))], SCHEMA).alias("s")
-        legacy_id = f"claim:{run_id}:{int(charged_attempt)}"
-        taken = ((F.col("t.entry_id") == F.col("s.entry_id"))
-                 | ((F.col("t.entry_id") == F.lit(legacy_id)) & (F.col("t.input_path") == F.col("s.input_path"))))
+            epsilon=0.0, delta=0.0, status="claimed", updated_at=self._now(), attempt=int(attempt))
+        legacy_id = _sql_string(f"claim:{run_id}:{int(charged_attempt)}")
+        taken = f"t.entry_id = s.entry_id OR (t.entry_id = {legacy_id} AND t.input_path = s.input_path)"
         for attempt_no in range(MAX_ATTEMPTS):
             try:
-                metrics = (self._ensure_table(fresh=attempt_no > 0).alias("t").merge(source, taken)
-                           .whenNotMatchedInsertAll().execute().collect()[0])
+                self._ensure_table(fresh=attempt_no > 0)
+                metrics = self._merge([claim], taken)
                 return int(metrics["num_inserted_rows"]) == 1
             except Exception as exc:
                 if not _is_conflict(exc) or attempt_no == MAX_ATTEMPTS - 1:

@@ -1,0 +1,369 @@
+"""dpspark on a Spark Connect session (issue 29, item 7).
+
+One local Spark Connect server for the module (pyspark ships it: ``SparkConnectServer`` started with
+spark-submit, the Delta JARs of ``dpspark.session.cached_delta_jars()`` and Delta's SQL extension),
+on a free port, stopped with SIGTERM at the end (killed if it hangs). The session is built by
+``build_session`` from ``$DPSPARK_REMOTE``. Checked here: a ledgered ``DPClustering.fit`` is charged
+and a second one over the cap is refused; ``dpspark run`` with a ledger writes centers, runs and
+summary.json; the lineage check of a Connect DataFrame accepts a plain read of ledgerInput and
+plain selections (and VectorAssembler with handleInvalid='skip') and refuses the rest, before any
+charge; a remote output.path and a parquet input with a ledger are refused before the charge.
+
+The classic suite shares one local SparkSession in this process: pyspark decides between its
+classic and Connect code paths by ``$SPARK_CONNECT_MODE_ENABLED``, which is set only while this
+module runs (and put back after, with ``$DPSPARK_REMOTE``). Fits use a fixed seed: NOT PRIVATE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import blobs
+from dpspark import tables
+from dpspark.errors import BudgetRefused, DPSparkError
+from dpspark.privacy.ledger import Ledger
+
+LOWER, UPPER = [0.0, 0.0], [10.0, 10.0]
+SERVER_START_TIMEOUT = 240.0
+_ENV = ("SPARK_CONNECT_MODE_ENABLED", "DPSPARK_REMOTE", "SPARK_REMOTE")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start_server(port: int, log_path: str) -> subprocess.Popen:
+    """A local Spark Connect server with Delta Lake (what a deployment runs, on one machine)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    from dpspark import session
+
+    jars = session.cached_delta_jars()
+    if not jars:
+        session.fetch_packages(session.DELTA_PACKAGE, session.ivy_dir())
+        jars = session.cached_delta_jars()
+    home = _find_spark_home()
+    conf = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        **session.DELTA_CONF,
+        "spark.sql.shuffle.partitions": "4",
+        "spark.default.parallelism": "4",
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": "false",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={session.SPARK_LOG_CONFIG} "
+                                         + session.SMALL_JOB_JAVA_OPTIONS,
+    }
+    command = [os.path.join(home, "bin", "spark-submit"), "--master", "local[2]",
+               "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--jars", ",".join(jars)]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    env = {k: v for k, v in os.environ.items() if k not in _ENV and k != "PYSPARK_GATEWAY_PORT"}
+    env.update(SPARK_HOME=home, PYSPARK_PYTHON=sys.executable)  # the server's Python workers: this venv
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=os.path.dirname(log_path))
+
+
+def _wait_for(server: subprocess.Popen, port: int, log_path: str) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            break
+        with socket.socket() as probe:
+            probe.settimeout(0.5)
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.25)
+    with open(log_path, encoding="utf-8", errors="replace") as handle:
+        tail = handle.read()[-3000:]
+    pytest.fail(f"the Spark Connect server did not start (exit {server.poll()}); its log ends:\n{tail}")
+
+
+def _stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory):
+    """A Spark Connect session to a local server started for this module."""
+    from dpspark.session import build_session, is_connect
+
+    base = tmp_path_factory.mktemp("connect-server")
+    port = _free_port()
+    log_path = str(base / "server.log")
+    saved = {name: os.environ.get(name) for name in _ENV}
+    server = _start_server(port, log_path)
+    session = None
+    try:
+        _wait_for(server, port, log_path)
+        os.environ.pop("SPARK_REMOTE", None)
+        os.environ["DPSPARK_REMOTE"] = f"sc://127.0.0.1:{port}"
+        session = build_session(app_name="dpspark-connect-tests")  # from $DPSPARK_REMOTE
+        os.environ.pop("DPSPARK_REMOTE")  # the CLI below is given the session
+        assert is_connect(session)
+        yield session
+    finally:
+        if session is not None:
+            try:
+                session.stop()
+            except Exception:
+                pass
+        _stop(server)
+        for name, value in saved.items():  # the classic suite after this module: pyspark's classic paths
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def points_frame(n_per: int = 150, seed: int = 3) -> pd.DataFrame:
+    x = blobs(n_per, [(2.0, 2.0), (8.0, 3.0), (5.0, 8.0)], 0.4, seed)
+    return pd.DataFrame({"id": np.arange(len(x)), "x": x[:, 0], "y": x[:, 1]})
+
+
+@pytest.fixture(scope="module")
+def data(connect, tmp_path_factory):
+    base = tmp_path_factory.mktemp("connect-data")
+    table, other = str(base / "points"), str(base / "other")
+    pdf = points_frame()
+    connect.createDataFrame(pdf).repartition(2).write.format("delta").save(table)
+    connect.read.format("delta").load(table).write.format("delta").save(other)
+    return types.SimpleNamespace(base=base, table=table, other=other, pdf=pdf,
+                                 key=tables.ledger_key_of(connect, table))
+
+
+def _estimator(**extra):
+    from dpspark.ml import DPClustering
+
+    params = dict(k=3, epsilon=1.0, delta=1e-6, lower=LOWER, upper=UPPER, algorithm="maxcover", candidateCount=32,
+                  seed=7, unsafeFixedSeed=True, inputCols=["x", "y"])
+    if "featuresCol" in extra:
+        del params["inputCols"]
+    params.update(extra)
+    return DPClustering(**params)
+
+
+# ---------------------------------------------------------------------------------------------
+# The session
+
+
+def test_the_session_is_connect_with_delta_and_no_jvm_calls(connect):
+    from dpspark import session
+
+    assert connect.conf.get("spark.sql.codegen.hugeMethodLimit") == "8000"  # PLAN_CONF, a runtime setting
+    session.check_connect_server(connect)
+    session.reset_py4j_connection(connect)  # returns at once: no py4j connection
+    with session.quiet_spark_logs(connect):  # a no-op there
+        assert connect.range(3).count() == 3
+    fake = types.SimpleNamespace(conf=types.SimpleNamespace(get=lambda key, default=None: ""))
+    with pytest.raises(DPSparkError, match="spark.sql.extensions"):
+        session.check_connect_server(fake)
+
+
+def test_the_remote_url_is_the_deployments(monkeypatch):
+    from dpspark import session
+
+    monkeypatch.delenv("DPSPARK_REMOTE", raising=False)
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    assert session.remote_url() is None
+    monkeypatch.setenv("SPARK_REMOTE", "sc://a:1")
+    assert session.remote_url() == "sc://a:1"
+    monkeypatch.setenv("DPSPARK_REMOTE", "sc://b:2")
+    assert session.remote_url() == "sc://b:2"
+    monkeypatch.setenv("DPSPARK_REMOTE", "local[2]")
+    with pytest.raises(DPSparkError, match="sc://host:port"):
+        session.build_session()
+
+
+# ---------------------------------------------------------------------------------------------
+# DPClustering with a ledger
+
+
+def test_ledgered_fit_is_charged_and_a_fit_over_the_cap_refused(connect, data, tmp_path, monkeypatch):
+    from pyspark.ml.feature import VectorAssembler
+
+    from dpspark.ml import DPClusteringModel
+
+    monkeypatch.setenv("DPSPARK_OPERATOR_LOG", str(tmp_path / "operator"))
+    ledger_path = str(tmp_path / "ledger")
+    Ledger(connect, ledger_path).set_budget(data.key, 1.5, 1e-5)
+    df = connect.read.format("delta").load(data.table)
+    model = _estimator(ledgerPath=ledger_path, ledgerInput=data.table, runId="fit1").fit(df.select("x", "y"))
+    centers = np.array(model.clusterCenters())
+    assert centers.shape == (3, 2) and model.summary.epsilonSpent == pytest.approx(1.0)
+    ledger = Ledger(connect, ledger_path)
+    assert ledger.totals(data.key).spent_epsilon == pytest.approx(1.0)
+    assert [e["status"] for e in ledger.runs(data.key)] == ["started", "charged", "fit_started", "succeeded"]
+    assert model.summary.ledger["remaining_epsilon"] == pytest.approx(0.5)
+    assert os.path.exists(tmp_path / "operator" / "fit1" / "attempt-1.json")
+    # A second fit (the README's pipeline shape: VectorAssembler with handleInvalid='skip') over the cap
+    features = VectorAssembler(inputCols=["x", "y"], outputCol="features", handleInvalid="skip").transform(df)
+    with pytest.raises(BudgetRefused, match="already spent epsilon=1"):
+        _estimator(ledgerPath=ledger_path, ledgerInput=data.table, featuresCol="features").fit(features)
+    assert ledger.totals(data.key).spent_epsilon == pytest.approx(1.0)
+    assert [e["status"] for e in ledger.runs(data.key)][-2:] == ["started", "refused"]
+    # The model saves, overwrites (a Connect client cannot delete the folder) and loads back.
+    path = str(tmp_path / "model")
+    model.write().save(path)
+    model.write().overwrite().save(path)
+    again = DPClusteringModel.load(path)
+    assert np.allclose(np.array(again.clusterCenters()), centers)
+
+
+# ---------------------------------------------------------------------------------------------
+# The lineage check of a Connect DataFrame (with a ledger)
+
+
+def test_lineage_accepts_a_plain_read_and_plain_selections(connect, data):
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import functions as F
+
+    from dpspark import lineage
+
+    df = connect.read.format("delta").load(data.table)
+    accepted = [
+        df,
+        df.select("x", "y"),
+        df.select("*"),
+        df.select(F.col("x").alias("a"), df["y"], "id").select("a", "y"),
+        connect.read.format("delta").load("file:" + data.table + "/"),  # another spelling of the path
+        VectorAssembler(inputCols=["x", "y"], outputCol="features", handleInvalid="skip").transform(df.select("x", "y")),
+    ]
+    for dataset in accepted:
+        lineage.check_reads_only(dataset, data.table)
+
+
+def test_lineage_refuses_everything_else_before_the_charge(connect, data, tmp_path):
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import functions as F
+
+    from dpspark import lineage
+    from dpspark.ml import ParamError
+
+    df = connect.read.format("delta").load(data.table)
+    copy = str(tmp_path / "copy")  # the same table id, another folder
+    shutil.copytree(data.table, copy)
+    refused = {
+        "where": (df.where("x > 1"), "a filter"),
+        "withColumn": (df.withColumn("z", F.col("x") * 2), "a withColumn"),
+        "expression in a select": (df.select((F.col("x") + 1).alias("x")), "expression"),
+        "union": (df.union(df), "union"),
+        "createDataFrame": (connect.createDataFrame(data.pdf), "createDataFrame"),
+        "another table": (connect.read.format("delta").load(data.other), "table id"),
+        "a copy of the folder": (connect.read.format("delta").load(copy), "table id"),
+        "the table's files as parquet": (connect.read.parquet(data.table), "parquet read"),
+        "time travel": (connect.read.format("delta").option("versionAsOf", 0).load(data.table), "options"),
+        "SQL": (connect.sql(f"SELECT x, y FROM delta.`{data.table}`"), "SQL|sql"),
+        "metadata column": (df.select("x", "_metadata"), "_metadata"),
+        "range": (connect.range(3), "range"),
+        "VectorAssembler default": (VectorAssembler(inputCols=["x", "y"], outputCol="f").transform(df),
+                                    "handleInvalid='error"),
+    }
+    for name, (dataset, match) in refused.items():
+        with pytest.raises(lineage.LineageError, match=match) as info:
+            lineage.check_reads_only(dataset, data.table)
+        assert "inputCols" in str(info.value), name  # says what to do instead
+    # Through the fit: ParamError on ledgerInput, nothing written to the ledger.
+    ledger_path = str(tmp_path / "ledger")
+    Ledger(connect, ledger_path).set_budget(data.key, 5.0, 1e-5)
+    before = Ledger(connect, ledger_path).events()
+    with pytest.raises(ParamError, match="a filter") as info:
+        _estimator(ledgerPath=ledger_path, ledgerInput=data.table).fit(df.where("x > 1"))
+    assert info.value.param == "ledgerInput"
+    assert Ledger(connect, ledger_path).events() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line with a ledger
+
+
+def _config(tmp_path, input_path, ledger_path, **overrides) -> str:
+    cfg = {
+        "input": {"path": input_path, "format": "delta", "features": ["x", "y"]},
+        "domain": {"lower": LOWER, "upper": UPPER},
+        "privacy": {"epsilon": 1.0, "delta": 0.0, "ledger": ledger_path},
+        "algorithm": {"name": "dplloyd", "k": 3, "variant": "average_k", "iterations": 3},
+        "output": {"path": str(tmp_path / "out")},
+        "seed": 7,
+        "unsafe_fixed_seed": True,
+    }
+    for key, value in overrides.items():
+        section, leaf = key.split(".")
+        cfg[section][leaf] = value
+    path = tmp_path / f"cfg-{len(list(tmp_path.glob('cfg-*')))}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_cli_run_with_a_ledger_writes_every_output(connect, data, tmp_path, capsys):
+    from dpspark.cli import main
+
+    ledger_path = str(tmp_path / "ledger")
+    assert main(["ledger", "set-budget", "--ledger", ledger_path, "--input", data.table, "--epsilon", "3",
+                 "--delta", "0"], spark=connect) == 0
+    capsys.readouterr()
+    assert main(["run", "--config", _config(tmp_path, data.table, ledger_path), "--run-id", "c1", "--json"],
+                spark=connect) == 0
+    outcome = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (outcome["status"], outcome["exit_code"], outcome["epsilon_spent"]) == ("succeeded", 0, 1.0)
+    out = str(tmp_path / "out")
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as handle:
+        summary = json.load(handle)
+    assert summary["run_id"] == "c1" and summary["accounting"] == "ledger" and len(summary["centers"]) == 3
+    assert summary["input"]["key"] == data.key and summary["input"]["version"] == 0
+    assert summary["ledger"]["spent_epsilon"] == pytest.approx(1.0)
+    centers = connect.read.format("delta").load(out + "/centers").collect()
+    assert sorted(r.cluster_id for r in centers) == [0, 1, 2] and {r.run_id for r in centers} == {"c1"}
+    runs = connect.read.format("delta").load(out + "/runs").collect()
+    assert [(r.run_id, r.attempt, r.status, r.charged) for r in runs] == [("c1", 1, "succeeded", True)]
+    assert os.path.exists(os.path.join(out, "report.png"))
+    ledger = Ledger(connect, ledger_path)
+    assert ledger.totals(data.key).spent_epsilon == pytest.approx(1.0)
+    assert [e["status"] for e in ledger.runs(data.key)] == ["started", "charged", "fit_started", "succeeded"]
+
+
+def test_what_needs_a_classic_session_is_refused_before_the_charge(connect, data, tmp_path, capsys):
+    from dpspark.cli import main
+
+    ledger_path = str(tmp_path / "ledger")
+    Ledger(connect, ledger_path).set_budget(data.key, 3.0, 0.0)
+    # A remote output.path: the client writes summary.json and the report itself.
+    remote = _config(tmp_path, data.table, ledger_path, **{"output.path": "s3a://dpspark-outputs/out"})
+    assert main(["run", "--config", remote, "--run-id", "r1"], spark=connect) == 2
+    assert "output.path" in capsys.readouterr().err
+    # A parquet input with a ledger: its ledger key is a Hadoop-qualified path.
+    parquet = str(tmp_path / "points.parquet")
+    connect.createDataFrame(data.pdf).write.parquet(parquet)
+    assert main(["run", "--config", _config(tmp_path, parquet, ledger_path, **{"input.format": "parquet"}),
+                 "--run-id", "r2"], spark=connect) == 2
+    assert "input.format" in capsys.readouterr().err
+    # A row filter: its totality needs the filter analysed with ANSI off, which the server redoes at will.
+    where = _config(tmp_path, data.table, ledger_path, **{"input.where": "x > 1"})
+    assert main(["run", "--config", where, "--run-id", "r3"], spark=connect) == 2
+    assert "input.where" in capsys.readouterr().err
+    ledger = Ledger(connect, ledger_path)
+    assert ledger.totals(data.key).spent_epsilon == 0.0
+    assert ledger.runs() == []  # no started, charged or refused event
