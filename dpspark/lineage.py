@@ -238,13 +238,13 @@ def assemblers_that_raise(dataset) -> int:
             stack.extend(children)
             if _short(_class_name(node)) != "Project":
                 continue
-            proven = {id(e) for e in _vector_assemblers_proven_total(node, children)}
-            proven_text = {str(e.toString()) for e in _vector_assemblers_proven_total(node, children)}
+            # py4j hands out a new proxy per call: the proven UDFs are matched by their text
+            proven = {str(e.toString()) for e in _vector_assemblers_proven_total(node, children)}
             exprs = _seq(node.expressions())
             while exprs:
                 e = exprs.pop()
                 if _short(_class_name(e)) == "ScalaUDF" and "VectorAssembler" in _class_name(e.function()):
-                    if id(e) not in proven and str(e.toString()) not in proven_text:
+                    if str(e.toString()) not in proven:
                         found += 1
                     continue
                 exprs.extend(_seq(e.children()))
