@@ -44,10 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import logging
 import re
 import sys
-import traceback
 from typing import Any
 
 import numpy as np
@@ -57,10 +55,9 @@ from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, Default
                              MLReadable, MLReader, MLWritable, MLWriter)
 
 from dpspark import __version__, config as config_mod
-from dpspark.errors import (BudgetRefused, ConfigError, DPSparkError, PrivacyAccountingError, RunFailed, RunKilled,
-                            for_the_analyst)
-from dpspark.progress import OPERATOR_LOG_ENV, accounted, capture, log, log_trouble, operator_log, step
-from dpspark.session import PLAN_CONF, is_connect, quiet_spark_logs, reset_py4j_connection
+from dpspark.errors import ConfigError, DPSparkError
+from dpspark.progress import log, step
+from dpspark.session import PLAN_CONF, is_connect
 
 __all__ = ["DPClustering", "DPClusteringModel", "DPClusteringSummary", "ParamError", "PARAMS"]
 
@@ -447,10 +444,10 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
 
     def _fit(self, dataset) -> "DPClusteringModel":
         from dpspark import tables
-        from dpspark.privacy.ledger import NOT_PRIVATE_NOTE, Ledger
+        from dpspark.attempt import Attempt, Awaiting, checked_plan
+        from dpspark.privacy.ledger import Ledger
         from dpspark.privacy.randomness import Randomness
-        from dpspark.runner import (cancel_jobs, collapse_of, estimator_class, keep_operator_record, new_run_id,
-                                    operator_log_dir)
+        from dpspark.runner import collapse_of, estimator_class, new_run_id
 
         config = self.toConfig()  # before any Spark job: a bad Param costs nothing
         chosen_id = self.getOrDefault(self.runId) if self.isSet(self.runId) else None
@@ -461,122 +458,65 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
         name = config.algorithm.name
         randomness = Randomness(config.seed)
         family = estimator_class(name).from_config(config, randomness=randomness)
-        plan_eps, plan_delta = family.privacy_plan()
-        if plan_eps > config.privacy.epsilon * (1 + 1e-12) or plan_delta > config.privacy.delta * (1 + 1e-12):
-            raise PrivacyAccountingError(f"{name} would spend epsilon={plan_eps:g}, delta={plan_delta:g}, over "
-                                         f"epsilon={config.privacy.epsilon:g}, delta={config.privacy.delta:g}")
-        guarantee = getattr(family, "guarantee", "central")
-        private = randomness.private
-        if not private:
+        plan = checked_plan(family, config)
+        if not randomness.private:
             log.warning("seed=%s: a testing aid; this fit is NOT PRIVATE", randomness.seed)
-        run_id = chosen_id or new_run_id()
-        attempt = 1
-        timings: dict = {}
-        # For the operator record (dpspark.runner.keep_operator_record): exact values, NON-PRIVATE.
-        record = {"status": None, "algorithm": name, "input_path": config.input.path if config.privacy.ledger else None,
-                  "input_key": None, "charged": False, "fit_started": False, "private": private}
-        notes = {"run_id": run_id, "attempt": attempt, "record": record, "timings": timings, "operational": {}}
-        failure = None
-        with (accounted(config.privacy.ledger is not None), capture() as lines, _fit_conf(spark),
-              quiet_spark_logs(spark, config.privacy.ledger is not None)):
-            if config.privacy.ledger is not None and operator_log_dir() is None:
-                log.warning("$%s is not set: this fit's operational data (timings, pass counts, error details) is "
-                            "not kept anywhere", OPERATOR_LOG_ENV)
-            # Pre-flight: nothing charged yet, no private value read.
-            with step("pre-flight checks", timings):
+        ledgered = config.privacy.ledger is not None
+
+        def fit(a: Attempt):
+            """dpspark.ml's face of the attempt (the lifecycle is dpspark.attempt's)."""
+            a.declare(plan, getattr(family, "guarantee", "central"), randomness.private)
+            a.record.update(algorithm=name, input_path=config.input.path if ledgered else None)
+            earlier = []
+            with step("pre-flight checks", a.timings):  # nothing charged yet, no private value read
                 _check_executors(spark)
                 tables.check_schema(dataset, config.input.features, config.input.privacy_unit, config.domain.dim)
-                ledger = input_key = None
-                if config.privacy.ledger is None:
+                if not ledgered:
                     _warn_about_raising_assemblers(dataset)
-                if config.privacy.ledger is not None:
+                else:
                     _check_reads_only(dataset, config.input.path)
                     ledger_path = tables.qualify(config.privacy.ledger)
                     tables.check_output_location(spark, ledger_path, "ledgerPath", delta_only=True)
-                    ledger = Ledger(spark, ledger_path)
+                    a.ledger = Ledger(spark, ledger_path)
                     input_key = tables.ledger_key_of(spark, config.input.path)
                     if chosen_id is not None:
-                        attempt = _next_attempt(ledger, input_key, run_id)
-                        notes["attempt"] = attempt
-            ledger_totals = None
-            status = "failed"
-            record["input_key"] = input_key
-            try:
-                if ledger is not None:
-                    with step("privacy ledger: start", timings):
-                        ledger.mark(input_key, run_id, "started", attempt=attempt, guarantee=guarantee,
-                                    note=None if private else NOT_PRIVATE_NOTE)
-                preflight = getattr(family, "preflight", None)
-                if preflight is not None:
-                    with step("check the public inputs", timings):
-                        preflight(spark, input_key)
-                ready = getattr(family, "check_ready", None)
-                if ready is not None:
-                    try:
-                        with step("check that every input is in", timings):
-                            ready(spark)
-                    except DPSparkError:
-                        status = "awaiting"
-                        raise
-                if ledger is not None:
-                    try:
-                        with step("privacy ledger: charge", timings):
-                            ledger_totals = ledger.charge(
-                                input_key, run_id, name, plan_eps, plan_delta, None, None, guarantee=guarantee,
-                                attempt=attempt, input_seen=tables.qualify(config.input.path), private=private)
-                    except BudgetRefused:
-                        status = None  # the ledger recorded the refusal itself
-                        raise
-                # The charge is written; from here on the budget stays spent whatever happens.
-                record["charged"] = ledger is not None
-                if ledger is not None:  # as the runner: this charge is spent for good (never reused)
-                    ledger.mark(input_key, run_id, "fit_started", attempt=attempt, guarantee=guarantee)
-                record["fit_started"] = True
+                        earlier = _earlier_attempts(a.ledger, input_key, a.run_id)
+            a.begin(earlier)
+            if a.ledger is not None:
+                a.open_input(input_key)
+            preflight = getattr(family, "preflight", None)
+            if preflight is not None:
+                with step("check the public inputs", a.timings):
+                    preflight(spark, a.input_key)
+            ready = getattr(family, "check_ready", None)
+            if ready is not None:
                 try:
-                    with step(f"{name}: fit", timings, hide_inside=True):
-                        result = family.fit(dataset, timings=timings, operational=notes["operational"])
-                except Exception as exc:
-                    # Only a module dpspark's executors need is named (the text of an error raised
-                    # during the fit is not the analyst's: it could quote a value).
-                    found = _MISSING.search(str(exc))
-                    if found and found.group(1).split(".")[0] in _EXECUTOR_MODULES:
-                        raise _executor_error(found.group(1).split(".")[0]) from None
-                    raise
-                if not (np.isclose(result.epsilon_spent, plan_eps, rtol=1e-9, atol=1e-12)
-                        and np.isclose(result.delta_spent, plan_delta, rtol=1e-9, atol=1e-15)):
-                    raise PrivacyAccountingError(
-                        f"{name} declared epsilon={plan_eps!r}, delta={plan_delta!r} but charged "
-                        f"epsilon={result.epsilon_spent!r}, delta={result.delta_spent!r}")
-                status = "succeeded"
-                if ledger is not None:
-                    ledger.mark(input_key, run_id, "succeeded", attempt=attempt, guarantee=guarantee)
-            except BaseException as exc:
-                killed = isinstance(exc, (RunKilled, KeyboardInterrupt))
-                if killed:
-                    status = "killed"
-                    reset_py4j_connection(spark)  # the interrupted call's answer is still unread
-                    cancel_jobs(spark)
-                notes.update(error_type=type(exc).__name__,
-                             traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-                failure = for_the_analyst(exc, record["fit_started"])  # drops the chain of a kept error
-                if status is not None and status != "succeeded":
-                    # the analyst's log: what the caller gets; the operator's log: the traceback
-                    log.error("DPClustering fit %s %s: %s: %s", run_id, status, type(failure).__name__, failure)
-                    operator_log.error("DPClustering fit %s %s:\n%s", run_id, status, notes["traceback"].rstrip())
-                if ledger is not None and status is not None and status != "succeeded":
-                    try:
-                        ledger.mark(input_key, run_id, status, attempt=attempt, guarantee=guarantee)
-                    except Exception:  # recording the failure must not hide the failure
-                        log_trouble("could not record the end of fit %s", run_id)
-                if isinstance(failure, RunFailed) and operator_log_dir() is None:
-                    log.error("the details of this failure were not kept: $%s is not set (or attach a handler to "
-                              "the 'dpspark.operator' logger)", OPERATOR_LOG_ENV)
-            if status is None:
-                status = "refused"  # BudgetRefused: the ledger recorded it
-            record["status"] = "failed" if failure is not None and status == "succeeded" else status
-            keep_operator_record(spark, notes, lines)
-            if failure is not None:
-                raise failure  # outside the except block: it chains nothing (dpspark.errors.for_the_analyst)
+                    with step("check that every input is in", a.timings):
+                        ready(spark)
+                except DPSparkError as exc:
+                    raise Awaiting(exc) from None
+            if a.ledger is not None:
+                a.charge(name, tables.qualify(config.input.path))
+            a.start_fit()
+            try:
+                with step(f"{name}: fit", a.timings, hide_inside=True):
+                    result = family.fit(dataset, timings=a.timings, operational=a.operational)
+            except Exception as exc:
+                # Only a module dpspark's executors need is named (the text of an error raised
+                # during the fit is not the analyst's: it could quote a value).
+                found = _MISSING.search(str(exc))
+                if found and found.group(1).split(".")[0] in _EXECUTOR_MODULES:
+                    raise _executor_error(found.group(1).split(".")[0]) from None
+                raise
+            a.fitted(result.epsilon_spent, result.delta_spent)
+            a.succeed()
+            return result
+
+        attempt = Attempt(spark, chosen_id or new_run_id())
+        with _fit_conf(spark):
+            result = attempt.execute(fit, ledgered=ledgered, what="fit")
+        run_id, guarantee, private = attempt.run_id, attempt.guarantee, attempt.private
+        ledger_totals = attempt.totals
         state = {
             "algorithm": result.algorithm, "objective": result.objective, "k": int(result.centers.shape[0]),
             "centers": np.asarray(result.centers, dtype=np.float64).tolist(),
@@ -609,15 +549,15 @@ def _warn_about_raising_assemblers(dataset) -> None:
                     "such rows) or VectorAssembler(..., handleInvalid='skip')")
 
 
-def _next_attempt(ledger, input_key: str, run_id: str) -> int:
-    """The attempt number of a fit with a chosen ``runId``: one after the ledger's latest attempt of
-    that run id on this input; ``ParamError`` if one succeeded (read from the ledger, before any charge)."""
+def _earlier_attempts(ledger, input_key: str, run_id: str) -> list[dict]:
+    """The ledger's events of a chosen ``runId`` on this input (its earlier attempts); ``ParamError``
+    if one succeeded (a run id names one release: refused before any charge)."""
     events = [e for e in ledger.runs(input_key) if e["run_id"] == run_id]
     done = [e for e in events if e["status"] == "succeeded"]
     if done:
         raise ParamError("runId", f"{run_id!r} already succeeded on this input (attempt {done[-1].get('attempt')}): "
                                   "a run id names one release; give a new runId for a new release")
-    return 1 + max((int(e["attempt"]) for e in events if e.get("attempt") is not None), default=0)
+    return events
 
 
 def _jsonable(value):
