@@ -21,7 +21,8 @@ def demo_points(n: int = 20_000, seed: int = 7) -> pd.DataFrame:
 
 
 def main(path: str) -> None:
-    spark = build_session(app_name="dpspark-demo-data")
+    # A job of seconds with no hot loop: a small job's JVM (C1 only, no web UI) starts and ends sooner.
+    spark = build_session(app_name="dpspark-demo-data", small_job=True)
     spark.createDataFrame(demo_points()).coalesce(2).write.format("delta").mode("overwrite").save(path)
     print(f"demo table written: {path} (Delta, 20000 rows, columns user_id, x, y)")
 

@@ -15,8 +15,11 @@ DATASETS = ROOT.parent / "shared" / "datasets"
 def spark():
     from dpspark.session import build_session
 
+    # One partition per core: the tests' tables have tens to thousands of rows, and every extra
+    # partition is one more task per stage (and Delta's snapshot state one more per commit read).
     session = build_session(master="local[2]", app_name="dpspark-tests", testing=True,
-                            conf={"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4"})
+                            conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+                                  "spark.databricks.delta.snapshotPartitions": "1"})
     yield session
     session.stop()
 

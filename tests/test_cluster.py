@@ -55,6 +55,11 @@ FAMILIES = {
     "ldp": ({"name": "ldp", "k": 3, "objective": "kmeans"}, 0.0),
 }
 TRUE_CENTERS = [(20, 20), (80, 30), (50, 80)]
+# spark-submit's session has Spark's cluster defaults: 200 shuffle partitions (each pass of ldp or
+# maxcover then runs 200 tasks per aggregation: ldp's submit ran about 1000 tasks, most of its time
+# on two one-core executors) and 50 per Delta snapshot. A layout of this size still differs from
+# the local one (tests/conftest.py: 2 shuffle partitions, 1 snapshot partition).
+CLUSTER_CONF = {"spark.sql.shuffle.partitions": 6, "spark.databricks.delta.snapshotPartitions": 3}
 N_PER_CLUSTER = 40_000
 
 
@@ -233,7 +238,7 @@ def write_config(base: Path, name: str, family: str, input_path: str, ledger: st
         "output": {"path": rel(base / name / "out")},
         "seed": 7,
         "unsafe_fixed_seed": True,  # the same noise as the local run: NOT PRIVATE, a test
-        "spark": {"conf": {"spark.ui.enabled": False, **spark_conf}},
+        "spark": {"conf": {"spark.ui.enabled": False, **CLUSTER_CONF, **spark_conf}},
     }
     path = base / name / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -368,7 +368,10 @@ def test_spark_submit_entry_point(tmp_path, spark, write_delta):
     from dpspark.session import cached_delta_jars
 
     path = write_delta(points_frame(50))
-    cfg_path, cfg = make_config(tmp_path, path)
+    # spark-submit's session has Spark's defaults (dpspark's local ones are for its own local sessions):
+    # 200 shuffle partitions and 50 per Delta snapshot, hundreds of empty tasks for 150 rows on one core.
+    small = {"spark.ui.enabled": False, "spark.sql.shuffle.partitions": 2, "spark.databricks.delta.snapshotPartitions": 1}
+    cfg_path, cfg = make_config(tmp_path, path, spark={"conf": small})
     submit = os.path.join(os.path.dirname(PY), "spark-submit")
     env = dict(os.environ, PYSPARK_PYTHON=PY, PYSPARK_DRIVER_PYTHON=PY)
     cmd = [submit, "--master", "local[1]", "--conf", "spark.ui.enabled=false", "--jars", ",".join(cached_delta_jars()),
