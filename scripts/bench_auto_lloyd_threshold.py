@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
+import bench_harness as bh  # noqa: E402
 
 LOADERS = {"adult": bc.load_adult, "electrical_grid": bc.load_electrical_grid, "tripadvisor": bc.load_tripadvisor,
            "google_reviews": bc.load_google_reviews, "blood": bc.load_blood_transfusion, "credit_card": bc.load_credit_card}
@@ -71,6 +72,40 @@ def fit_once(frame, x_unit, lo, hi, k, eps, seed, sds):
     return bc.kmeans_cost(x_unit, bc.scale_unit(model.centers, lo, hi)), sum(held), route.get("lloyd_steps")
 
 
+def compare(spark, args, the_rules) -> list[list]:
+    """A table row per (dataset, rule)."""
+    rows = []
+    for name in args.datasets:
+        _, x, k = LOADERS[name]()
+        lo, hi = bc.public_bounds(x)
+        x_unit = bc.scale_unit(x, lo, hi)
+        _, base_cost = bc.nonprivate_baseline(x_unit, k, seed=0, n_init=10)
+        frame = bh.cached_frame(spark, x, [f"f{j}" for j in range(x.shape[1])], 2)
+        ratios = {r: [] for r, _ in the_rules}
+        held = {r: [] for r, _ in the_rules}
+        steps = set()
+        try:
+            for seed in range(1, args.seeds + 1):
+                for rule, sds in the_rules:
+                    cost, n_held, n_steps = fit_once(frame, x_unit, lo, hi, k, args.epsilon, seed, sds)
+                    ratios[rule].append(cost / base_cost)
+                    held[rule].append(n_held)
+                    steps.add(n_steps)
+                print(f"  {name} seed {seed}: " + ", ".join(f"{r} {ratios[r][-1]:.3f}" for r, _ in the_rules),
+                      file=sys.stderr, flush=True)
+        finally:
+            frame.unpersist()
+        old = np.asarray(ratios[the_rules[0][0]])
+        for rule, _ in the_rules:
+            r = np.asarray(ratios[rule])
+            paired = r / old
+            rows.append([name, x.shape[0], x.shape[1], k, ",".join(str(s) for s in sorted(steps)), rule,
+                         bc.fmt_med_iqr(r), f"{paired.mean():.4f}",
+                         f"{int((paired > 1.01).sum())}/{int((paired < 0.99).sum())}",
+                         f"{sum(h > 0 for h in held[rule])}/{len(held[rule])} ({sum(held[rule])})"])
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
@@ -80,47 +115,11 @@ def main(argv=None) -> int:
                     help="LLOYD_MIN_COUNT_SDS values to compare with the old rule (default: the shipped one)")
     args = ap.parse_args(argv)
 
-    import pandas as pd
-
-    from dpspark.session import build_session
-
     logging.disable(logging.WARNING)
-    spark = build_session(master="local[2]", testing=True, conf={"spark.sql.shuffle.partitions": "4"})
     the_rules = rules(args.sds)
-    rows, t_start = [], time.perf_counter()
-    try:
-        for name in args.datasets:
-            _, x, k = LOADERS[name]()
-            lo, hi = bc.public_bounds(x)
-            x_unit = bc.scale_unit(x, lo, hi)
-            _, base_cost = bc.nonprivate_baseline(x_unit, k, seed=0, n_init=10)
-            cols = [f"f{j}" for j in range(x.shape[1])]
-            frame = spark.createDataFrame(pd.DataFrame(x, columns=cols)).repartition(2).cache()
-            frame.count()
-            ratios = {r: [] for r, _ in the_rules}
-            held = {r: [] for r, _ in the_rules}
-            steps = set()
-            try:
-                for seed in range(1, args.seeds + 1):
-                    for rule, sds in the_rules:
-                        cost, n_held, n_steps = fit_once(frame, x_unit, lo, hi, k, args.epsilon, seed, sds)
-                        ratios[rule].append(cost / base_cost)
-                        held[rule].append(n_held)
-                        steps.add(n_steps)
-                    print(f"  {name} seed {seed}: " + ", ".join(f"{r} {ratios[r][-1]:.3f}" for r, _ in the_rules),
-                          file=sys.stderr, flush=True)
-            finally:
-                frame.unpersist()
-            old = np.asarray(ratios[the_rules[0][0]])
-            for rule, _ in the_rules:
-                r = np.asarray(ratios[rule])
-                paired = r / old
-                rows.append([name, x.shape[0], x.shape[1], k, ",".join(str(s) for s in sorted(steps)), rule,
-                             bc.fmt_med_iqr(r), f"{paired.mean():.4f}",
-                             f"{int((paired > 1.01).sum())}/{int((paired < 0.99).sum())}",
-                             f"{sum(h > 0 for h in held[rule])}/{len(held[rule])} ({sum(held[rule])})"])
-    finally:
-        spark.stop()
+    t_start = time.perf_counter()
+    with bh.session("dpspark-bench-auto-lloyd") as spark:
+        rows = compare(spark, args, the_rules)
     print(f"auto (tree + Lloyd route, delta = 0), epsilon = {args.epsilon:g}, seeds 1-{args.seeds} (the same seeds for "
           f"every rule; seeded = NOT PRIVATE, a testing aid), every fit through Spark (local[2]); machine: "
           f"{os.cpu_count()} cores, {platform.platform()}; {time.perf_counter() - t_start:.0f} s in all.")
@@ -128,7 +127,7 @@ def main(argv=None) -> int:
           "paired = this rule's ratio / the old rule's, same seed.")
     print(bc.PUBLIC_BOUNDS_NOTE)
     print()
-    print(bc.markdown_table(
+    print(bh.markdown_table(
         ["dataset", "n", "d", "k", "Lloyd steps", "rule", "cost ratio, median [IQR]", "mean paired vs old",
          "seeds worse/better by > 1%", "fits where it held a center (clusters)"],
         rows, ["l", "r", "r", "r", "r", "l", "r", "r", "r", "r"]))

@@ -2,8 +2,9 @@
 
 Loaders for the public benchmark datasets in ``../shared/datasets`` (relative to
 the project root; see its MANIFEST.md), scaling to [-1, 1]^d, the utility metrics
-of DESIGN.md ("Measuring utility"), median / IQR aggregation and a Markdown
-table writer.
+of DESIGN.md ("Measuring utility") and median / IQR aggregation: what is measured.
+How the scripts run and report (session, timing, whole processes, results tables)
+is ``bench_harness``.
 
 Public bounds. As in the DP k-means literature (MANIFEST.md), the benchmark
 treats the per-column min/max of each dataset as PUBLIC domain knowledge: the
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +113,11 @@ def load_skin(k: int = 2):
 
 SIPU_LOADERS = [load_s1, load_a3, load_birch2, load_unbalance]
 ALL_LOADERS = DPKCCM_LOADERS + SIPU_LOADERS + [load_skin]
+# The loaders by the name of the dataset they return (loads nothing).
+LOADERS_BY_NAME = {"blood_transfusion": load_blood_transfusion, "adult": load_adult, "tripadvisor_review": load_tripadvisor,
+                   "electrical_grid_stability": load_electrical_grid, "google_review_ratings": load_google_reviews,
+                   "credit_card_clients": load_credit_card, "s1": load_s1, "a3": load_a3, "birch2": load_birch2,
+                   "unbalance": load_unbalance, "skin_segmentation": load_skin}
 
 
 # --------------------------------------------------------------------------
@@ -188,115 +193,3 @@ def median_iqr(values) -> tuple[float, float, float]:
 def fmt_med_iqr(values, digits: int = 3) -> str:
     med, q25, q75 = median_iqr(values)
     return f"{med:.{digits}g} [{q25:.{digits}g}, {q75:.{digits}g}]"
-
-
-def markdown_table(header: list[str], rows: list[list], align: list[str] | None = None) -> str:
-    """A GitHub Markdown table; ``align`` entries are 'l' or 'r' (default: left)."""
-    align = align or ["l"] * len(header)
-    sep = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(str(h) for h in header) + " |", "| " + " | ".join(sep) + " |"]
-    for r in rows:
-        lines.append("| " + " | ".join(str(c) for c in r) + " |")
-    return "\n".join(lines)
-
-
-def machine_description() -> dict:
-    mem_gb = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    mem_gb = int(line.split()[1]) / 1024 / 1024
-    except OSError:
-        pass
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "nproc": os.cpu_count(),
-        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "memory_gb": round(mem_gb, 1) if mem_gb else None,
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
-# ---------------------------------------------------------------------------
-# Memory from the OS (Linux /proc): shared by bench_scale.py and bench_maxcover.py
-
-
-def status_kb(pid, field: str) -> int | None:
-    """A field of /proc/<pid>/status in kB (e.g. VmHWM, the peak RSS), or None."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def reset_hwm(pid) -> bool:
-    """Reset the peak RSS (VmHWM) of a process: write 5 to /proc/<pid>/clear_refs (Linux >= 4.0)."""
-    try:
-        with open(f"/proc/{pid}/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def children(pid: int) -> list[int]:
-    """Process ids whose parent is ``pid``."""
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            stat = (p / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append(int(p.name))
-    return out
-
-
-def find_jvm(root: int) -> int | None:
-    """The java process among the descendants of the Python driver (the Spark driver JVM in local mode)."""
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        for c in children(pid):
-            try:
-                comm = Path(f"/proc/{c}/comm").read_text().strip()
-            except OSError:
-                continue
-            if comm == "java":
-                return c
-            stack.append(c)
-    return None
-
-
-class PeakMemory:
-    """Peak RSS of the Python driver and the JVM over one job (VmHWM after a reset)."""
-
-    def __init__(self, jvm_pid):
-        self.jvm = jvm_pid
-
-    def __enter__(self):
-        self.py_reset = reset_hwm("self")
-        self.jvm_reset = reset_hwm(self.jvm) if self.jvm else False
-        return self
-
-    def __exit__(self, *exc):
-        self.py_peak_mb = (status_kb("self", "VmHWM") or 0) / 1024
-        self.jvm_peak_mb = (status_kb(self.jvm, "VmHWM") or 0) / 1024 if self.jvm else float("nan")
-        return False

@@ -36,17 +36,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_harness as bh  # noqa: E402
+
+ROOT = bh.ROOT
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
 DPSPARK = str(ROOT / ".venv" / "bin" / "dpspark")
 CONFIG = ROOT / "conf" / "demo.yaml"
@@ -75,7 +76,6 @@ with open(out + "/result.json", "w") as handle:
     json.dump({"iterations": int(model.summary.numIter), "centers": centers,
                "timings": {k: round(v, 3) for k, v in steps.items()}}, handle)
 '''
-_STEP_LINE = re.compile(r"^\[dpspark\] \d\d:\d\d:\d\d (.+) done in ([0-9.]+)s\s*$")
 # The runner's top-level steps, in order (old names kept so that an older checkout can be measured);
 # "<algorithm>: fit" goes where FIT is. Anything else in the record is nested inside one of them.
 TOP_STEPS = ["start Spark session", "pre-flight checks", "write runs table (running)",
@@ -86,29 +86,12 @@ TOP_STEPS = ["start Spark session", "pre-flight checks", "write runs table (runn
 
 
 def _timed(cmd: list[str], log_path: Path, env: dict, timeout: float) -> tuple[float, int, str, str]:
-    start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          stdin=subprocess.DEVNULL, timeout=timeout)
-    wall = time.perf_counter() - start
-    out, err = done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
-    log_path.write_text(f"$ {' '.join(cmd)}\n# exit {done.returncode}, {wall:.2f} s\n--- stdout\n{out}\n--- stderr\n{err}")
-    return wall, done.returncode, out, err
-
-
-def _load() -> float:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return float("nan")
-
-
-def logged_steps(stderr: str) -> dict:
-    steps: dict[str, float] = {}
-    for line in stderr.splitlines():
-        m = _STEP_LINE.match(line.strip())
-        if m:
-            steps[m.group(1)] = round(steps.get(m.group(1), 0.0) + float(m.group(2)), 3)
-    return steps
+    """One process in the project root, timed start to exit (``bench_harness.run_process``); its output in ``log_path``."""
+    with tempfile.TemporaryDirectory(dir=log_path.parent) as run_dir:
+        proc = bh.run_process(cmd, Path(run_dir), env, timeout, cwd=ROOT)
+    log_path.write_text(f"$ {' '.join(cmd)}\n# exit {proc['exit_code']}, {proc['wall']:.2f} s\n--- stdout\n"
+                        f"{proc['stdout']}\n--- stderr\n{proc['stderr']}")
+    return proc["wall"], proc["exit_code"], proc["stdout"], proc["stderr"]
 
 
 def run_dpspark(table: str, work: Path, logs: Path, rep: int, env: dict, timeout: float, label: str = "dpspark",
@@ -120,27 +103,23 @@ def run_dpspark(table: str, work: Path, logs: Path, rep: int, env: dict, timeout
     shutil.rmtree(out, ignore_errors=True)
     ledger = out / "ledger"
     setb = [DPSPARK, "ledger", "set-budget", "--ledger", str(ledger), "--input", table, "--epsilon", "10", "--delta", "1e-5"]
-    load_before = _load()
+    load_before = bh.load_average()
     set_wall, set_code, _, _ = _timed(setb, logs / f"set-budget-{label}-{rep}.log", env, timeout)
     if set_code != 0:
         raise SystemExit(f"bench_demo: set-budget failed (exit {set_code}), see {logs}/set-budget-{label}-{rep}.log")
     cmd = [DPSPARK, "run", "--config", str(CONFIG), "--set", f"input.path={table}", "--set", f"privacy.ledger={ledger}",
            "--set", f"output.path={out}", "--json"]
-    load_run = _load()
+    load_run = bh.load_average()
     # A run with a ledger shows no step durations on stderr (the analyst's view): they are in the
     # operator record, kept under the deployment's $DPSPARK_OPERATOR_LOG.
     env = dict(env, DPSPARK_OPERATOR_LOG=str(out / "operator"))
     wall, exit_code, stdout, stderr = _timed(cmd, logs / f"{label}-{rep}.log", env, timeout)
-    outcome = {}
-    for line in reversed(stdout.strip().splitlines()):
-        if line.startswith("{"):
-            outcome = json.loads(line)
-            break
+    outcome = bh.last_json_line(stdout)
     if exit_code != 0 or outcome.get("status") != "succeeded":
         raise SystemExit(f"bench_demo: dpspark run failed (exit {exit_code}), see {logs}/{label}-{rep}.log")
     return {"rep": rep, "job": label, "wall_s": round(wall, 3), "set_budget_s": round(set_wall, 3),
             "load_before_set_budget": load_before, "load_before": load_run, "run_id": outcome["run_id"],
-            "operator_log": str(out / "operator"), "logged_steps": logged_steps(stderr)}
+            "operator_log": str(out / "operator"), "logged_steps": bh.step_durations(stderr)}
 
 
 def run_mllib(table: str, work: Path, logs: Path, rep: int, env: dict, timeout: float, small_job: bool = False) -> dict:
@@ -150,7 +129,7 @@ def run_mllib(table: str, work: Path, logs: Path, rep: int, env: dict, timeout: 
     out.mkdir(parents=True)
     cmd = [PYTHON, str(work / "mllib_job.py"), table, str(out)]
     env = dict(env, DPSPARK_SMALL_JOB="1" if small_job else "0")
-    load_run = _load()
+    load_run = bh.load_average()
     wall, code, _, _ = _timed(cmd, logs / f"{job}-{rep}.log", env, timeout)
     if code != 0:
         raise SystemExit(f"bench_demo: the MLlib job failed (exit {code}), see {logs}/{job}-{rep}.log")
@@ -168,17 +147,13 @@ def read_run_records(rows: list[dict]) -> None:
     operational metadata, kept by the deployment, never under output.path)."""
     sys.path.insert(0, str(ROOT))
     from dpspark.runner import read_operator_record
-    from dpspark.session import build_session
 
-    spark = build_session(app_name="bench-demo-records", testing=True)
-    try:
+    with bh.session("bench-demo-records", master=None, conf={}) as spark:
         for row in rows:
             rec = read_operator_record(spark, row["run_id"], 1, row["operator_log"])
             row["algorithm"] = rec["algorithm"]
             row["record_steps"] = rec.get("timings", {})
-            row["logged_steps"] = {**logged_steps("\n".join(rec.get("log", []))), **row["logged_steps"]}
-    finally:
-        spark.stop()
+            row["logged_steps"] = {**bh.step_durations("\n".join(rec.get("log", []))), **row["logged_steps"]}
 
 
 def breakdown(row: dict) -> dict:
@@ -196,12 +171,6 @@ def breakdown(row: dict) -> dict:
     steps["outside the steps (Python start and imports, exit)"] = round(row["wall_s"] - sum(steps.values()), 3)
     return {"steps": steps, "passes": len([k for k in nested if " pass" in k]),
             "passes_s": round(sum(v for k, v in nested.items() if " pass" in k), 3)}
-
-
-def _md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def report(rows: list[dict], args, table: str, make_s: float | None) -> str:
@@ -236,7 +205,7 @@ def report(rows: list[dict], args, table: str, make_s: float | None) -> str:
         "- All: wall time of the whole process, start to exit; the same Spark settings and Delta JARs "
         "(`dpspark.session.build_session`, master `local[*]`).",
         "",
-        _md_table(["", "median wall (s)", "runs (s)"], [
+        bh.markdown_table(["", "median wall (s)", "runs (s)"], [
             ["dpspark run (demo)", f"{dp_med:.1f}", ", ".join(f"{r['wall_s']:.1f}" for r in dp)],
             ["MLlib KMeans job", f"{ml_med:.1f}", ", ".join(f"{r['wall_s']:.1f}" for r in ml)],
             *([["MLlib KMeans job, small-job JVM", f"{statistics.median(r['wall_s'] for r in ml1):.1f}",
@@ -249,7 +218,7 @@ def report(rows: list[dict], args, table: str, make_s: float | None) -> str:
         + (f"; against the MLlib job with the same small-job JVM options: "
            f"{dp_med / statistics.median(r['wall_s'] for r in ml1):.2f}x." if ml1 else "."),
         "",
-        _md_table(["rep", "order", "dpspark (s)", "MLlib (s)", "ratio", "MLlib small-job JVM (s)", "ratio",
+        bh.markdown_table(["rep", "order", "dpspark (s)", "MLlib (s)", "ratio", "MLlib small-job JVM (s)", "ratio",
                    "set-budget (s)", "1-min load before each"], per_rep),
         "",
         "## Where dpspark's seconds go (median per step over the repetitions)",
@@ -271,7 +240,7 @@ def report(rows: list[dict], args, table: str, make_s: float | None) -> str:
             label += f" ({details[0]['passes']} Spark passes, median {statistics.median(d['passes_s'] for d in details):.1f} s of them)"
         step_rows.append([label, f"{statistics.median(values):.2f}", ", ".join(f"{v:.2f}" for v in values)])
     step_rows.append(["**whole process**", f"**{dp_med:.2f}**", ", ".join(f"{r['wall_s']:.2f}" for r in dp)])
-    parts.append(_md_table(["step", "median (s)", "runs (s)"], step_rows))
+    parts.append(bh.markdown_table(["step", "median (s)", "runs (s)"], step_rows))
     for label in sorted({r["job"] for r in rows if r["job"].startswith("dpspark:")}):
         other = [r for r in rows if r["job"] == label]
         med = statistics.median(r["wall_s"] for r in other)
@@ -285,7 +254,7 @@ def report(rows: list[dict], args, table: str, make_s: float | None) -> str:
                   f"{statistics.median([d['steps'][n] for d in od if n in d['steps']]):.2f}",
                   ", ".join(f"{d['steps'][n]:.2f}" for d in od if n in d["steps"])] for n in onames]
         orows.append(["**whole process**", f"**{med:.2f}**", ", ".join(f"{r['wall_s']:.2f}" for r in other)])
-        parts.append(_md_table(["step", "median (s)", "runs (s)"], orows))
+        parts.append(bh.markdown_table(["step", "median (s)", "runs (s)"], orows))
     mlsteps = sorted({k for r in ml for k in r["steps"]}, key=lambda k: list(ml[0]["steps"]).index(k) if k in ml[0]["steps"] else 99)
     parts += ["", "MLlib job's own steps (its result.json), median (s): "
               + ", ".join(f"{k} {statistics.median(r['steps'][k] for r in ml if k in r['steps']):.2f}" for k in mlsteps)

@@ -24,14 +24,13 @@ scikit-learn KMeans (k-means++, best of n_init=10) on the same scaled data.
 Public bounds: per-column min/max of each dataset, treated as public domain knowledge as in
 the literature (see bench_common.PUBLIC_BOUNDS_NOTE).
 
-    .venv/bin/python scripts/bench_dplloyd.py --quick          # smoke run: 2 datasets, 2 reps
+    .venv/bin/python scripts/bench_dplloyd.py --quick          # smoke run: 1 dataset, epsilon 1, 1 rep
     .venv/bin/python scripts/bench_dplloyd.py --reps 20        # the full benchmark
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import json
 import logging
@@ -40,7 +39,6 @@ import math
 import secrets
 import sys
 import time
-import zlib
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -51,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
+import bench_harness as bh  # noqa: E402
 from dpspark.dplloyd import core  # noqa: E402
 from dpspark.dplloyd.params import VARIANTS, DPLloydParams  # noqa: E402
 from dpspark.privacy.accountant import Accountant  # noqa: E402
@@ -113,10 +112,6 @@ class TapeNoise(NoiseSource):
         raise NotImplementedError
 
 
-def stable_seed(*parts) -> int:
-    return zlib.crc32("/".join(str(p) for p in parts).encode())
-
-
 @functools.lru_cache(maxsize=None)
 def prepared(loader_name: str):
     """(name, k, public domain, unit-space X, exact aggregate, non-private baseline cost), once per process."""
@@ -155,9 +150,9 @@ def run_cell(task):
         merge_list = MERGES if merges else [NO_MERGE]
         for rep in range(reps):
             key = (name, eps, variant, noise, rep)
-            public_seed = stable_seed(base_seed, *key) if seeded else secrets.randbits(63)
+            public_seed = bh.stable_seed(base_seed, *key) if seeded else secrets.randbits(63)
             if seeded:
-                base = SeededNoise(np.random.SeedSequence([base_seed, stable_seed(*key)]))
+                base = SeededNoise(np.random.SeedSequence([base_seed, bh.stable_seed(*key)]))
             else:
                 base = secure_base
             tape = TapeNoise(base)
@@ -216,22 +211,19 @@ def full_table(rows, datasets):
                 table_rows.append([f"{eps:g}", variant, noise, merge, len(g),
                                    bc.fmt_med_iqr([r["nicv"] for r in g]), bc.fmt_med_iqr([r["cost_ratio"] for r in g])])
         parts.append(f"### {ds} (n = {n}, d = {d}, k = {k}; non-private k-means++ NICV = {base[ds]:.4g}; "
-                     f"one center at the data mean: NICV {one_center_nicv()[ds]:.4g})\n\n" + bc.markdown_table(
+                     f"one center at the data mean: NICV {one_center_nicv(ds):.4g})\n\n" + bh.markdown_table(
             ["epsilon", "variant", "noise", "merge", "runs", "NICV median [IQR]", "cost ratio median [IQR]"],
             table_rows, ["r", "l", "l", "l", "r", "r", "r"]))
     return "\n\n".join(parts)
 
 
 @functools.lru_cache(maxsize=None)
-def one_center_nicv() -> dict:
+def one_center_nicv(name: str) -> float:
     """NICV of the single center at the mean of the scaled data: what a useless k-center release scores."""
-    out = {}
-    for loader in bc.DPKCCM_LOADERS:
-        name, x, _ = loader()
-        lo, hi = bc.public_bounds(x)
-        u = bc.scale_unit(x, lo, hi)
-        out[name] = bc.nicv(u, u.mean(axis=0, keepdims=True))
-    return out
+    _, x, _ = bc.LOADERS_BY_NAME[name]()
+    lo, hi = bc.public_bounds(x)
+    u = bc.scale_unit(x, lo, hi)
+    return bc.nicv(u, u.mean(axis=0, keepdims=True))
 
 
 def summary_table(rows, datasets, eps=1.0):
@@ -245,10 +237,10 @@ def summary_table(rows, datasets, eps=1.0):
         out_rows.append([variant, noise, merge, *cells])
     base = {r["dataset"]: r["baseline_nicv"] for r in rows}
     out_rows.append(["non-private k-means++", "", "", *[f"{base[ds]:.3g} (1.00x)" for ds in datasets]])
-    one = one_center_nicv()
+    one = {ds: one_center_nicv(ds) for ds in datasets}
     out_rows.append(["one center at the data mean (k = 1, non-private)", "", "",
                      *[f"{one[ds]:.3g} ({one[ds] / base[ds]:.2f}x)" for ds in datasets]])
-    return bc.markdown_table(["variant", "noise", "merge", *datasets], out_rows, ["l", "l", "l", *["r"] * len(datasets)])
+    return bh.markdown_table(["variant", "noise", "merge", *datasets], out_rows, ["l", "l", "l", *["r"] * len(datasets)])
 
 
 def ranking_verdict(rows, datasets, noise, merge, label):
@@ -350,11 +342,7 @@ def wins_verdict(rows):
 
 
 def plot(rows, datasets, out_dir: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = bh.pyplot()
     by = group(rows, ["dataset", "epsilon", "variant", "noise", "merge"])
     base = {r["dataset"]: r["baseline_nicv"] for r in rows}
     styles = {"allocation_nk": ("C0", "o"), "average_nk": ("C1", "s"), "average_k": ("C2", "^"), "allocation_k": ("C3", "v")}
@@ -395,17 +383,14 @@ def plot(rows, datasets, out_dir: Path):
 
 
 def read_runs(path):
-    ints = {"n", "d", "k", "rep", "n_centers", "reseeded_total", "public_seed"}
-    floats = {"epsilon", "nicv", "cost_ratio", "baseline_nicv", "epsilon_spent", "seconds"}
-    with open(path, newline="") as fh:
-        return [{key: int(v) if key in ints else float(v) if key in floats else v for key, v in r.items()}
-                for r in csv.DictReader(fh)]
+    return bh.read_csv(path, ints=("n", "d", "k", "rep", "n_centers", "reseeded_total", "public_seed"),
+                       floats=("epsilon", "nicv", "cost_ratio", "baseline_nicv", "epsilon_spent", "seconds"))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=20, help="repetitions per (dataset, epsilon, variant, noise) (default 20)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 2 reps, 2 datasets")
+    ap.add_argument("--quick", action="store_true", help="smoke run: blood_transfusion, epsilon 1, 1 rep")
     ap.add_argument("--seeded", action="store_true", help="SeededNoise (reproducible, NOT private) instead of OpenDP secure noise")
     ap.add_argument("--seed", type=int, default=20240604, help="base seed for --seeded")
     ap.add_argument("--datasets", default=None, help="comma-separated subset of dataset names")
@@ -416,16 +401,15 @@ def main(argv=None):
     logging.getLogger("dpspark").setLevel(logging.WARNING)
 
     loaders = bc.DPKCCM_LOADERS
-    reps = args.reps
+    reps, epsilons = args.reps, EPSILONS
     if args.quick:
-        loaders = [bc.load_blood_transfusion, bc.load_tripadvisor]
-        reps = 2
+        loaders, reps, epsilons = [bc.load_blood_transfusion], 1, [1.0]
     if args.datasets:
         wanted = set(args.datasets.split(","))
-        loaders = [L for L in bc.DPKCCM_LOADERS if L()[0] in wanted]
+        loaders = [L for L in bc.DPKCCM_LOADERS if L in [bc.LOADERS_BY_NAME.get(name) for name in wanted]]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tasks = [(L.__name__, eps, reps, args.seeded, args.seed) for L in loaders for eps in EPSILONS]
+    tasks = [(L.__name__, eps, reps, args.seeded, args.seed) for L in loaders for eps in epsilons]
     t0 = time.perf_counter()
     rows = []
     if args.from_csv:
@@ -453,10 +437,7 @@ def main(argv=None):
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
 
     csv_path = out_dir / "runs.csv"
-    with open(csv_path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    bh.write_csv(csv_path, rows)
     plots = plot(rows, datasets, out_dir)
 
     noise_desc = rows[0]["noise_source"]
@@ -464,11 +445,11 @@ def main(argv=None):
     verdict += ranking_verdict(rows, datasets, "su", "weighted_kmeans", "noise su, merge weighted_kmeans (dpspark defaults)")
     verdict += ranking_verdict(rows, datasets, "paper", "nearest_pair", "noise paper, merge nearest_pair (the paper's rules)")
     verdict += wins_verdict(rows)
-    cmd = "python scripts/bench_dplloyd.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = bh.command_line("bench_dplloyd.py", argv)
     header = [
         "# dplloyd utility benchmark",
         "",
-        f"Command: `{cmd.strip()}`; {len(rows)} runs in {wall:.0f} s on {bc.machine_description()['nproc']} cores.",
+        f"Command: `{cmd.strip()}`; {len(rows)} runs in {wall:.0f} s on {bh.machine_description()['nproc']} cores.",
         f"Runs per (dataset, epsilon, variant, noise, merge): {reps}. Iterations {ITERATIONS}, merge_factor {MERGE_FACTOR}.",
         f"Noise: {noise_desc}. " + ("NOT private: seeded testing noise." if args.seeded else ""),
         "Driver code: `dpspark.dplloyd.core.run_lloyd` on `core.numpy_aggregate` (the exact aggregates the Spark pass computes).",
@@ -501,7 +482,7 @@ def main(argv=None):
     md_path.write_text("\n".join(header))
     with open(out_dir / "meta.json", "w") as fh:
         json.dump({"command": cmd.strip(), "reps": reps, "seeded": args.seeded, "wall_seconds": wall,
-                   "machine": bc.machine_description(), "datasets": datasets, "epsilons": EPSILONS,
+                   "machine": bh.machine_description(), "datasets": datasets, "epsilons": EPSILONS,
                    "iterations": ITERATIONS, "merge_factor": MERGE_FACTOR, "public_bounds": bc.PUBLIC_BOUNDS_NOTE}, fh, indent=2)
 
     print()

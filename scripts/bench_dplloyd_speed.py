@@ -18,7 +18,7 @@ inside the public box [-10, 10]^d) is written as a Delta table, then:
     the ``mapInPandas`` pass of ``dpspark.dplloyd.passes``, both on the same cached
     unit-space DataFrame and the same centroids; the exact aggregates are compared.
 
-    .venv/bin/python scripts/bench_dplloyd_speed.py --quick      # n = 10^5 smoke run
+    .venv/bin/python scripts/bench_dplloyd_speed.py --quick      # smoke run: n = 10^4, 3 iterations, no warm-up
     .venv/bin/python scripts/bench_dplloyd_speed.py              # n = 10^6
 """
 
@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -40,13 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
+import bench_harness as bh  # noqa: E402
 from dpspark import tables  # noqa: E402
 from dpspark.dplloyd import core  # noqa: E402
 from dpspark.dplloyd.estimator import DPLloyd  # noqa: E402
 from dpspark.dplloyd.passes import spark_aggregate  # noqa: E402
 from dpspark.privacy.domain import Domain  # noqa: E402
 from dpspark.privacy.fixedpoint import SCALE  # noqa: E402
-from dpspark.session import build_session  # noqa: E402
 
 BOX = 10.0
 
@@ -99,24 +97,9 @@ def sql_aggregate(df, columns: list[str]):
 
 def make_table(spark, path: str, n: int, d: int, k: int, partitions: int, seed: int):
     """A Gaussian mixture in the public box [-BOX, BOX]^d, written as a Delta table (generated on Spark)."""
-    from pyspark.sql import functions as F
-
-    rng = np.random.default_rng(seed)
-    means = rng.uniform(-5.0, 5.0, size=(k, d))
-    sigma = 2.5  # overlapping components: Lloyd keeps moving for many iterations
-    comp = F.least(F.floor(F.rand(seed) * k).cast("int"), F.lit(k - 1))
-    cols = []
-    for j in range(d):
-        mean_j = F.element_at(F.array(*[F.lit(float(means[c, j])) for c in range(k)]), comp + 1)
-        cols.append((mean_j + F.randn(seed + 1 + j) * F.lit(sigma)).alias(f"x{j}"))
-    spark.range(0, n, numPartitions=partitions).select(*cols).write.format("delta").mode("overwrite").save(path)
-    return [f"x{j}" for j in range(d)]
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
+    means = np.random.default_rng(seed).uniform(-5.0, 5.0, size=(k, d))
+    # sigma 2.5: overlapping components, Lloyd keeps moving for many iterations
+    return bh.mixture_table(spark, path, n, means, 2.5, seed, partitions)
 
 
 def main(argv=None):
@@ -127,28 +110,33 @@ def main(argv=None):
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--partitions", type=int, default=4, help="files of the Delta table (= input partitions)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: n = 10^5")
+    ap.add_argument("--quick", action="store_true", help="smoke run: n = 10^4, 3 iterations, 1 repeat, no warm-up")
     ap.add_argument("--table", default=None, help="Delta table location (default: a temporary directory, removed at the end)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--repeats", type=int, default=2, help="alternated repeats of (a) and (b); the best of each is reported")
     ap.add_argument("--out", default=str(bc.ROOT / "bench" / "results" / "dplloyd_speed.md"))
     args = ap.parse_args(argv)
     if args.quick:
-        args.n = 100_000
-    n, d, k, T = args.n, args.d, args.k, args.iterations
+        args.n, args.iterations, args.repeats = 10_000, 3, 1
     logging.getLogger("dpspark").setLevel(logging.WARNING)
 
-    spark = build_session(master=args.master, app_name="dpspark-bench-speed", testing=True)
+    with bh.session("dpspark-bench-speed", master=args.master, conf={}) as spark:
+        run(spark, args, argv)
+
+
+def run(spark, args, argv):
+    """(a), (b) and (c) on one table in ``spark``; the report to ``args.out``."""
+    n, d, k, T = args.n, args.d, args.k, args.iterations
     tmp = None
     if args.table is None:
         tmp = tempfile.mkdtemp(prefix="dpspark_speed_")
         table = str(Path(tmp) / "points")
     else:
         table = args.table
-    load_start = f"{os.getloadavg()[0]:.1f}"
+    load_start = bh.load_average()
     try:
         print(f"writing the Delta table ({n} x {d}, {args.partitions} files) to {table} ...", flush=True)
-        features, secs = timed(lambda: make_table(spark, table, n, d, k, args.partitions, args.seed))
+        features, secs = bh.timed(lambda: make_table(spark, table, n, d, k, args.partitions, args.seed))
         print(f"  written in {secs:.1f}s", flush=True)
         df = spark.read.format("delta").load(table)
         domain = Domain(dim=d, lower=(-BOX,) * d, upper=(BOX,) * d)  # public box
@@ -164,12 +152,13 @@ def main(argv=None):
         def mllib(iters):
             return KMeans(k=k, maxIter=iters, tol=0.0, initMode="random", seed=args.seed, featuresCol="features").fit(vec)
 
-        DPLloyd(iterations=1, **est).fit(df)  # warm-up: Python workers, JIT, the Delta log
-        mllib(1)
+        if not args.quick:  # warm-up: Python workers, JIT, the Delta log
+            DPLloyd(iterations=1, **est).fit(df)
+            mllib(1)
         dpl_runs, ml_runs = [], []
         for rep in range(args.repeats):
             timings: dict = {}
-            model, fit_secs = timed(lambda: DPLloyd(iterations=T, **est).fit(df, timings=timings))
+            model, fit_secs = bh.timed(lambda: DPLloyd(iterations=T, **est).fit(df, timings=timings))
             passes = [timings[key] for key in sorted((key for key in timings if "Spark aggregation pass" in key),
                                                      key=lambda s: int(s.split("iteration ")[1].split("/")[0]))]
             assert len(passes) == T, timings
@@ -178,8 +167,8 @@ def main(argv=None):
             print(f"(a) [{rep + 1}/{args.repeats}] dplloyd average_k, {T} iterations: fit {fit_secs:.2f}s; pass 1 (reads "
                   f"table, fills cache) {passes[0]:.2f}s; median pass 2..{T} {dpl_runs[-1]['steady']:.3f}s; mean of all "
                   f"passes {dpl_runs[-1]['mean']:.3f}s (epsilon spent {model.epsilon_spent:g})", flush=True)
-            m_full, ml_secs = timed(lambda: mllib(T))
-            m_two, ml2_secs = timed(lambda: mllib(2))
+            m_full, ml_secs = bh.timed(lambda: mllib(T))
+            m_two, ml2_secs = bh.timed(lambda: mllib(2))
             ml_iters, ml2_iters = m_full.summary.numIter, m_two.summary.numIter
             ml_runs.append({"fit": ml_secs, "iters": ml_iters, "fit2": ml2_secs, "iters2": ml2_iters,
                             "per_iter": ml_secs / ml_iters,
@@ -207,13 +196,14 @@ def main(argv=None):
         rng = np.random.default_rng(args.seed)
         centroid_sets = [core.initial_centroids(domain, k, rng) for _ in range(T)]
         impls = {"mapInPandas": spark_aggregate(cached, columns), "Spark SQL": sql_aggregate(cached, columns)}
-        for f in impls.values():  # warm-up (codegen, Python workers)
-            f(centroid_sets[0])
+        if not args.quick:
+            for f in impls.values():  # warm-up (codegen, Python workers)
+                f(centroid_sets[0])
         pass_times = {name: [] for name in impls}
         results = {name: [] for name in impls}
         for cs in centroid_sets:  # interleaved, so background load hits both alike
             for name, f in impls.items():
-                out, secs = timed(lambda: f(cs))
+                out, secs = bh.timed(lambda: f(cs))
                 pass_times[name].append(secs)
                 results[name].append(out)
         identical = sum(
@@ -236,23 +226,23 @@ def main(argv=None):
               f"marginal), all-in {ratio_mean:.2f} (mean dplloyd pass / MLlib fit per iteration); whole fit {ratio_total:.2f}",
               flush=True)
 
-        machine = bc.machine_description()
+        machine = bh.machine_description()
         conf = spark.sparkContext.getConf()
         report = "\n".join([
             "# dplloyd speed: DP Lloyd pass vs Spark MLlib KMeans",
             "",
-            f"Command: `python scripts/bench_dplloyd_speed.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip() + "",
+            f"Command: `{bh.command_line('bench_dplloyd_speed.py', argv)}`",
             "",
             f"Machine: {machine['nproc']} CPUs ({machine['cpu']}), {machine['memory_gb']} GB memory, {machine['platform']}; "
             f"Spark {spark.version} master `{conf.get('spark.master')}`, driver memory {conf.get('spark.driver.memory')}, "
             f"one SparkSession for everything. Other jobs were running on the machine (load average {load_start} at the "
-            f"start, {os.getloadavg()[0]:.1f} at the end): absolute times are noisy, so (a) and (b) were alternated "
+            f"start, {bh.load_average()} at the end): absolute times are noisy, so (a) and (b) were alternated "
             f"{args.repeats} times and the best of each measure is reported.",
             "",
             f"Data: n = {n}, d = {d}, Gaussian mixture of {k} components (sigma 2.5, means in [-5, 5]^d), public box "
             f"[-{BOX:g}, {BOX:g}]^d, a Delta table of {args.partitions} files. k = {k}, {T} iterations.",
             "",
-            bc.markdown_table(
+            bh.markdown_table(
                 ["job", "iterations", "whole fit (s)", "per iteration (s)", "notes"],
                 [
                     ["dplloyd `DPLloyd(variant=average_k).fit(df)`", T, f"{fit_secs:.2f}",
@@ -280,7 +270,7 @@ def main(argv=None):
             "",
             f"Both on the same cached unit-space DataFrame, the same {T} sets of {k} centroids, timed interleaved.",
             "",
-            bc.markdown_table(
+            bh.markdown_table(
                 ["pass", "median (s)", "min (s)", "max (s)"],
                 [[name, f"{med_pass[name]:.3f}", f"{min(v):.3f}", f"{max(v):.3f}"] for name, v in pass_times.items()],
                 ["l", "r", "r", "r"],
@@ -300,7 +290,6 @@ def main(argv=None):
         out.write_text(report)
         print(f"Wrote {out}")
     finally:
-        spark.stop()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -41,7 +41,6 @@ error_vs_n.png (additive error vs n per dataset), ratio_vs_n.png (cost ratio, ld
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import sys
@@ -54,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
+import bench_harness as bh  # noqa: E402
 import bench_utility as bu  # noqa: E402
 
 ROOT = bc.ROOT
@@ -94,7 +94,7 @@ def dataset(name: str, n: int) -> dict:
         k, resampled = len(SYNTH_CENTERS), False
     else:
         if name not in _FILES:
-            _, full, k_ref = bu.LOADERS[bu.LOADER_ALIASES[name]]()
+            _, full, k_ref = bc.LOADERS_BY_NAME[name]()
             _FILES[name] = (full, k_ref, *bc.public_bounds(full))  # bounds of the whole file (public convention)
         full, k, lo, hi = _FILES[name]
         rng = np.random.default_rng([n, len(name)])
@@ -134,10 +134,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / "results.csv"
     if args.summarize_only:
-        with open(csv_path) as handle:
-            rows = list(csv.DictReader(handle))
         meta = json.loads((args.out / "meta.json").read_text()) if (args.out / "meta.json").exists() else {}
-        summarize([_typed(r) for r in rows], args.out, meta)
+        summarize(read_rows(csv_path), args.out, meta)
         return 0
     plan = QUICK_PLAN if args.quick else FULL_PLAN
     if args.datasets:
@@ -168,30 +166,21 @@ def main(argv=None) -> int:
                         rows.append(row)
                         print(f"  {method:22s} eps={eps:g} run={run} ratio={row['cost_ratio']:9.3f} "
                               f"{row['seconds']:.1f}s", flush=True)
-            _write_csv(rows, csv_path)  # partial results after every (dataset, n)
-    meta = {"command": "python scripts/bench_ldp.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "elapsed_s": round(time.perf_counter() - t_start, 1), "machine": bc.machine_description(),
+            bh.write_csv(csv_path, rows, CSV_COLUMNS)  # partial results after every (dataset, n)
+    meta = {"command": bh.command_line("bench_ldp.py", argv),
+            "elapsed_s": round(time.perf_counter() - t_start, 1), "machine": bh.machine_description(),
             "runs": runs, "epsilons": EPSILONS, "quick": args.quick, "failures": failures}
     (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     summarize(rows, args.out, meta)
     return 1 if failures else 0
 
 
-def _write_csv(rows, path: Path) -> None:
-    with open(path, "w", newline="") as handle:
-        w = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-
-
-def _typed(r: dict) -> dict:
-    out = dict(r)
-    for key in ("n", "d", "k", "run"):
-        out[key] = int(r[key])
-    for key in ("epsilon", "cost_ratio", "additive_error", "baseline_cost", "seconds", "epsilon_spent", "delta_spent"):
-        out[key] = float(r[key])
-    out["resampled"] = r["resampled"] in ("True", True)
-    return out
+def read_rows(path: Path) -> list[dict]:
+    rows = bh.read_csv(path, ints=("n", "d", "k", "run"), floats=("epsilon", "cost_ratio", "additive_error",
+                                                               "baseline_cost", "seconds", "epsilon_spent", "delta_spent"))
+    for r in rows:
+        r["resampled"] = r["resampled"] == "True"
+    return rows
 
 
 def exponent(rows, dataset_name: str, eps: float):
@@ -212,11 +201,7 @@ def exponent(rows, dataset_name: str, eps: float):
 
 
 def summarize(rows: list[dict], out: Path, meta: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = bh.pyplot()
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     methods = ["ldp"] + [m for m in CENTRAL if any(r["method"] == m for r in rows)]
     machine = meta.get("machine", {})
@@ -243,7 +228,7 @@ def summarize(rows: list[dict], out: Path, meta: dict) -> None:
                 for e in EPSILONS:
                     cells.append(_cell([r["cost_ratio"] for r in sub if r["n"] == n and r["method"] == m and r["epsilon"] == e]))
                 table.append(cells)
-        lines += [bc.markdown_table(header, table, ["r", "l"] + ["r"] * len(EPSILONS)), ""]
+        lines += [bh.markdown_table(header, table, ["r", "l"] + ["r"] * len(EPSILONS)), ""]
         lines.append("Exponent of ldp's additive error in n (fit over the n where the median ratio <= 1.5):")
         for e in EPSILONS:
             slope, used = exponent(rows, name, e)

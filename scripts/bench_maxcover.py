@@ -44,27 +44,25 @@ the peak resident memory of the driver processes (the Python driver's VmHWM from
 /proc/<pid>/status of the java child process, reset the same way: psutil is not
 installed in the venv).
 
-    .venv/bin/python scripts/bench_maxcover.py --quick              # smoke: s1, 2 epsilons, 1 rep
+    .venv/bin/python scripts/bench_maxcover.py --quick              # smoke: 2000 rows of skin, epsilon 1, 1 rep
     .venv/bin/python scripts/bench_maxcover.py                      # the utility benchmark (--reps 3)
     .venv/bin/python scripts/bench_maxcover.py --report-only        # tables and plots from utility.csv
     .venv/bin/python scripts/bench_maxcover.py --speed              # the speed section (n = 10^5 and 10^6)
+    .venv/bin/python scripts/bench_maxcover.py --speed --quick      # smoke: n = 2 x 10^4, kmeans private and MLlib
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import math
 import os
-import resource
 import shutil
 import sys
 import tempfile
 import time
 import traceback
-import zlib
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
-from bench_common import PeakMemory, find_jvm  # noqa: E402
+import bench_harness as bh  # noqa: E402
 
 OUT_DIR = bc.ROOT / "bench" / "results" / "maxcover"
 EPSILONS = [0.25, 0.5, 1.0, 2.0, 4.0]
@@ -106,7 +104,7 @@ CSV_FIELDS = [
     "picks_per_threshold", "chosen_centers", "fallback_thresholds", "max_histogram", "padded_public_points",
     "wall_s", "pass_s", "solve_s", "epsilon_spent", "delta_spent", "noise", "error", "finished_utc",
 ]
-SPARK_CONF = {"spark.sql.shuffle.partitions": "4"}
+SPARK_CONF = bh.SPARK_CONF
 
 log = logging.getLogger("bench_maxcover")
 
@@ -171,7 +169,7 @@ def load_dataset(name: str, max_rows: int | None, seed: int):
     full = None
     if max_rows and len(x) > max_rows:
         full = len(x)
-        rng = np.random.default_rng(zlib.crc32(f"subsample/{name}/{seed}".encode()))
+        rng = np.random.default_rng(bh.stable_seed("subsample", name, seed))
         x = x[np.sort(rng.choice(len(x), size=max_rows, replace=False))]
     return x, k, full
 
@@ -201,16 +199,12 @@ def baselines(name: str, unit: np.ndarray, k: int, cache_path: Path, key: str) -
 # Utility runs
 
 
-def stable_seed(*parts) -> int:
-    return zlib.crc32("/".join(str(p) for p in parts).encode())
-
-
 def run_one(method: str, ds: dict, eps: float, rep: int, args) -> dict:
     from dpspark.dplloyd.estimator import DPLloyd
     from dpspark.maxcover.estimator import MaxCover
 
     family, objective, mode = METHODS[method]
-    seed = stable_seed(args.seed, ds["name"], eps, method, rep) if args.seeded else None
+    seed = bh.stable_seed(args.seed, ds["name"], eps, method, rep) if args.seeded else None
     row = {"dataset": ds["name"], "n": ds["n"], "d": ds["d"], "k": ds["k"], "subsampled_from": ds["full"] or "",
            "epsilon": eps, "delta": DELTA if family == "maxcover" else 0.0, "method": method, "family": family,
            "objective": objective, "candidates": mode, "rep": rep, "baseline_cost": ds["base"][objective], "error": ""}
@@ -307,50 +301,37 @@ def row_key(r) -> tuple:
     return (r["dataset"], float(r["epsilon"]), r["method"], int(r["rep"]))
 
 
-def read_csv(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
 def utility(args, out_dir: Path, command: str):
-    from dpspark.session import build_session
-
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "utility.csv"
-    existing = read_csv(csv_path) if args.resume else []
+    existing = bh.read_csv(csv_path) if args.resume else []
     done = {row_key(r) for r in existing if not r.get("error")}
     existing = [r for r in existing if row_key(r) in done]  # failed rows are retried
-    with open(csv_path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(existing)
+    bh.write_csv(csv_path, existing, CSV_FIELDS)
     todo = [(rep, name, eps, m) for rep in range(args.reps) for name in args.datasets for eps in args.epsilons
             for m in args.methods if (name, float(eps), m, rep) not in done]
     log.info("%d runs to do (%d already in %s)", len(todo), len(done), csv_path)
     if todo:
-        spark = build_session(master=args.master, app_name="dpspark-bench-maxcover", testing=True, conf=SPARK_CONF)
         workdir = Path(tempfile.mkdtemp(prefix="dpspark_bench_maxcover_"))
         t_start = time.perf_counter()
-        try:
-            names = [n for n in args.datasets if any(t[1] == n for t in todo)]
-            datasets = {d["name"]: d for d in prepare_datasets(spark, names, args, workdir, out_dir)}
-            log.info("datasets ready in %.1fs", time.perf_counter() - t_start)
-            for i, (rep, name, eps, method) in enumerate(todo):
-                ds = datasets[name]
-                row = run_one(method, ds, eps, rep, args)
-                row["finished_utc"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-                with open(csv_path, "a", newline="") as fh:
-                    csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore").writerow(row)
-                log.info("[%d/%d %.0fs] %s eps=%g rep=%d %s: ratio %.4g, passes %s, %.1fs", i + 1, len(todo),
-                         time.perf_counter() - t_start, name, eps, rep, method, row["cost_ratio"],
-                         row.get("spark_passes", ""), row.get("wall_s", math.nan))
-        finally:
-            for d in datasets.values() if "datasets" in locals() else []:
-                d["df"].unpersist()
-            spark.stop()
-            shutil.rmtree(workdir, ignore_errors=True)
+        datasets: dict = {}
+        with bh.session("dpspark-bench-maxcover", master=args.master) as spark:
+            try:
+                names = [n for n in args.datasets if any(t[1] == n for t in todo)]
+                datasets.update((d["name"], d) for d in prepare_datasets(spark, names, args, workdir, out_dir))
+                log.info("datasets ready in %.1fs", time.perf_counter() - t_start)
+                for i, (rep, name, eps, method) in enumerate(todo):
+                    ds = datasets[name]
+                    row = run_one(method, ds, eps, rep, args)
+                    row["finished_utc"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+                    bh.append_csv(csv_path, row, CSV_FIELDS)
+                    log.info("[%d/%d %.0fs] %s eps=%g rep=%d %s: ratio %.4g, passes %s, %.1fs", i + 1, len(todo),
+                             time.perf_counter() - t_start, name, eps, rep, method, row["cost_ratio"],
+                             row.get("spark_passes", ""), row.get("wall_s", math.nan))
+            finally:
+                for d in datasets.values():
+                    d["df"].unpersist()
+                shutil.rmtree(workdir, ignore_errors=True)
         log.info("utility runs done in %.1fs", time.perf_counter() - t_start)
     report(out_dir, command, args)
 
@@ -359,28 +340,14 @@ def utility(args, out_dir: Path, command: str):
 # Reports
 
 
-def fnum(v) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def machine_line() -> str:
-    m = bc.machine_description()
+    m = bh.machine_description()
     return (f"{m['nproc']} CPUs (nproc; {m['affinity_cpus']} usable), {m['memory_gb']} GB memory, {m['cpu']}, "
             f"Python {m['python']}, {m['platform']}")
 
 
-def load_average() -> str:
-    try:
-        return ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    except OSError:
-        return "?"
-
-
 def report(out_dir: Path, command: str, args):
-    rows = read_csv(out_dir / "utility.csv")
+    rows = bh.read_csv(out_dir / "utility.csv")
     if not rows:
         log.warning("no rows in %s", out_dir / "utility.csv")
         return
@@ -394,16 +361,16 @@ def report(out_dir: Path, command: str, args):
         by[(r["dataset"], float(r["epsilon"]), r["method"])].append(r)
     meta = {}
     for r in rows:
-        meta.setdefault(r["dataset"], (r["n"], r["d"], r["k"], r["subsampled_from"], fnum(r["baseline_cost"]) if r["objective"] == "kmeans" else None))
+        meta.setdefault(r["dataset"], (r["n"], r["d"], r["k"], r["subsampled_from"], bh.fnum(r["baseline_cost"]) if r["objective"] == "kmeans" else None))
     base_costs = defaultdict(dict)
     for r in rows:
-        base_costs[r["dataset"]][r["objective"]] = fnum(r["baseline_cost"])
+        base_costs[r["dataset"]][r["objective"]] = bh.fnum(r["baseline_cost"])
 
     def cell(g, metric="cost_ratio", digits=3):
-        return bc.fmt_med_iqr([fnum(r[metric]) for r in g], digits) if g else ""
+        return bc.fmt_med_iqr([bh.fnum(r[metric]) for r in g], digits) if g else ""
 
     def med(g, metric):
-        return bc.median_iqr([fnum(r[metric]) for r in g])[0] if g else math.nan
+        return bc.median_iqr([bh.fnum(r[metric]) for r in g])[0] if g else math.nan
 
     lines = [
         "# maxcover utility benchmark",
@@ -411,7 +378,7 @@ def report(out_dir: Path, command: str, args):
         f"Command: `{command}`",
         "",
         f"Machine: {machine_line()}. Spark master `{args.master}`, conf {SPARK_CONF}, one SparkSession for all runs. "
-        f"The machine is shared with other jobs (load average at report time: {load_average()}): wall times are noisy.",
+        f"The machine is shared with other jobs (load average at report time: {bh.load_average()}): wall times are noisy.",
         "",
         f"Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from `utility.csv` ({len(rows)} rows, "
         f"{len(errors)} failed runs).",
@@ -447,14 +414,14 @@ def report(out_dir: Path, command: str, args):
     if len(set(runs.values())) > 1:
         lines += ["Runs per (dataset, epsilon): " + ", ".join(f"{m}: {runs[m]}" for m in m_order)
                   + " (methods with fewer runs were added as time allowed: their IQR is not meaningful).", ""]
-    wall_total = sum(fnum(r.get("wall_s")) for r in ok if not math.isnan(fnum(r.get("wall_s"))))
+    wall_total = sum(bh.fnum(r.get("wall_s")) for r in ok if not math.isnan(bh.fnum(r.get("wall_s"))))
     lines += [f"Sum of the fit wall times: {wall_total / 60:.1f} min.", "", "## Datasets", ""]
     ds_rows = []
     for ds in ds_order:
         n, d, k, full, _ = meta[ds]
         ds_rows.append([ds, n, d, k, f"uniform random subsample of {full} rows" if full else "all rows",
                         f"{base_costs[ds].get('kmeans', math.nan):.5g}", f"{base_costs[ds].get('kmedian', math.nan):.5g}"])
-    lines.append(bc.markdown_table(["dataset", "n", "d", "k", "rows used", "non-private k-means cost", "non-private k-median cost"],
+    lines.append(bh.markdown_table(["dataset", "n", "d", "k", "rows used", "non-private k-means cost", "non-private k-median cost"],
                                    ds_rows, ["l", "r", "r", "r", "l", "r", "r"]))
     # Compact table at epsilon = 1
     for eps_c in [1.0]:
@@ -468,7 +435,7 @@ def report(out_dir: Path, command: str, args):
                 g = by.get((ds, eps_c, m))
                 cells.append(f"{cell(g)} ({med(g, 'spark_passes'):.0f}, {med(g, 'wall_s'):.1f}s)" if g else "")
             trows.append([m, *cells])
-        lines.append(bc.markdown_table(["method", *ds_order], trows, ["l", *["r"] * len(ds_order)]))
+        lines.append(bh.markdown_table(["method", *ds_order], trows, ["l", *["r"] * len(ds_order)]))
     # Per dataset
     for ds in ds_order:
         n, d, k, full, _ = meta[ds]
@@ -480,19 +447,19 @@ def report(out_dir: Path, command: str, args):
                 g = by.get((ds, eps, m))
                 if not g:
                     continue
-                padded = [fnum(r["padded_public_points"]) for r in g]
+                padded = [bh.fnum(r["padded_public_points"]) for r in g]
                 padded = [p for p in padded if not math.isnan(p)]
                 trows.append([f"{eps:g}", m, len(g), cell(g), f"{med(g, 'spark_passes'):.0f}",
                               f"{med(g, 'candidate_count'):.0f}" if g[0]["family"] == "maxcover" else "",
                               f"{med(g, 'wall_s'):.1f}", f"{med(g, 'pass_s'):.1f}" if g[0]["family"] == "maxcover" else "",
                               f"{np.median(padded):.0f}" if padded and g[0]["candidates"] == "private" else ""])
-        lines.append(bc.markdown_table(
+        lines.append(bh.markdown_table(
             ["epsilon", "method", "runs", "cost ratio median [IQR]", "Spark passes", "candidates |V|", "wall s (median)",
              "of which maxcover passes s", "private: padded random candidates"],
             trows, ["r", "l", "r", "r", "r", "r", "r", "r", "r"]))
     if errors:
         lines += ["", "## Failed runs", ""]
-        lines.append(bc.markdown_table(["dataset", "epsilon", "method", "rep", "error"],
+        lines.append(bh.markdown_table(["dataset", "epsilon", "method", "rep", "error"],
                                        [[r["dataset"], r["epsilon"], r["method"], r["rep"], r["error"]] for r in errors]))
     (out_dir / "utility.md").write_text("\n".join(lines) + "\n")
     log.info("wrote %s", out_dir / "utility.md")
@@ -500,11 +467,7 @@ def report(out_dir: Path, command: str, args):
 
 
 def plots(by, ds_order, m_order, e_order, meta, out_dir: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = bh.pyplot()
     colors = {"grid": "tab:blue", "private": "tab:red", "random": "tab:green", "table": "tab:purple", "-": "black"}
     for ds in ds_order:
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -515,7 +478,7 @@ def plots(by, ds_order, m_order, e_order, meta, out_dir: Path):
                 g = by.get((ds, eps, m))
                 if not g:
                     continue
-                md, q25, q75 = bc.median_iqr([fnum(r["cost_ratio"]) for r in g])
+                md, q25, q75 = bc.median_iqr([bh.fnum(r["cost_ratio"]) for r in g])
                 xs.append(eps), ys.append(md), lo.append(md - q25), hi.append(q75 - md)
             if not xs:
                 continue
@@ -544,109 +507,106 @@ def plots(by, ds_order, m_order, e_order, meta, out_dir: Path):
 def make_speed_table(spark, path: str, n: int, seed: int, partitions: int, k: int = 15, box: float = 100.0,
                      sigma: float = 2.5):
     """n points from 15 Gaussian blobs (means uniform in [10, 90]^2, sigma 2.5), clipped to [0, box]^2, as Delta."""
-    from pyspark.sql import functions as F
-
-    rng = np.random.default_rng(seed)
-    means = rng.uniform(0.1 * box, 0.9 * box, size=(k, 2))
-    comp = F.least(F.floor(F.rand(seed) * k).cast("int"), F.lit(k - 1))
-    cols = []
-    for j in range(2):
-        mean_j = F.element_at(F.array(*[F.lit(float(means[c, j])) for c in range(k)]), comp + 1)
-        v = mean_j + F.randn(seed + 1 + j) * F.lit(sigma)
-        cols.append(F.least(F.greatest(v, F.lit(0.0)), F.lit(box)).alias(f"x{j}"))
-    spark.range(0, n, numPartitions=partitions).select(*cols).write.format("delta").mode("overwrite").save(path)
+    means = np.random.default_rng(seed).uniform(0.1 * box, 0.9 * box, size=(k, 2))
+    bh.mixture_table(spark, path, n, means, sigma, seed, partitions, clip=(0.0, box))
     return means
 
 
 def speed(args, out_dir: Path, command: str):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="dpspark_bench_maxcover_speed_"))
+    with bh.session("dpspark-bench-maxcover-speed", master=args.master) as spark:
+        jvm = bh.find_jvm(os.getpid())
+        log.info("Spark driver JVM pid: %s", jvm)
+        try:
+            results = speed_runs(spark, jvm, args, workdir)
+        finally:
+            py_lifetime_mb = bh.lifetime_peak_mb()
+            shutil.rmtree(workdir, ignore_errors=True)
+    speed_report(results, out_dir, command, args, py_lifetime_mb, jvm)
+
+
+def speed_runs(spark, jvm, args, workdir: Path) -> list[dict]:
+    """maxcover (both objectives, grid and private candidates; --quick: kmeans private) and MLlib on each n."""
     from pyspark.ml.clustering import KMeans
     from pyspark.ml.feature import VectorAssembler
 
     from dpspark.maxcover.estimator import MaxCover
     from dpspark.privacy.domain import Domain
-    from dpspark.session import build_session
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    spark = build_session(master=args.master, app_name="dpspark-bench-maxcover-speed", testing=True, conf=SPARK_CONF)
-    jvm = find_jvm(os.getpid())
-    log.info("Spark driver JVM pid: %s", jvm)
-    workdir = Path(tempfile.mkdtemp(prefix="dpspark_bench_maxcover_speed_"))
     k, eps, box = 15, 1.0, 100.0
     domain = Domain(dim=2, lower=(0.0, 0.0), upper=(box, box))  # the public box
     features = ("x0", "x1")
     results = []
     configs = [(obj, mode) for obj in ("kmeans", "kmedian") for mode in ("grid", "private")]
-    try:
-        # Warm-up on a small table: JVM JIT, Python workers, Delta log, MLlib classes.
+    if args.quick:
+        configs = [("kmeans", "private")]
+    if not args.quick:  # warm-up on a small table: JVM JIT, Python workers, Delta log, MLlib classes
         warm = str(workdir / "warm")
         make_speed_table(spark, warm, 20_000, args.seed + 99, args.partitions)
         wdf = spark.read.format("delta").load(warm)
         MaxCover(k=k, epsilon=eps, delta=DELTA, domain=domain, features=features, objective="kmeans", candidates="grid").fit(wdf)
         wvec = VectorAssembler(inputCols=list(features), outputCol="features").transform(wdf).select("features")
         KMeans(k=k, maxIter=3, tol=0.0, seed=1).fit(wvec)
-        for n in args.speed_n:
-            path = str(workdir / f"points_{n}")
-            t0 = time.perf_counter()
-            means = make_speed_table(spark, path, n, args.seed, args.partitions)
-            log.info("speed: wrote n=%d in %.1fs", n, time.perf_counter() - t0)
-            df = spark.read.format("delta").load(path)
-            for rep in range(args.speed_reps):
-                for obj, mode in configs:
-                    timings: dict = {}
-                    operational: dict = {}  # NON-PRIVATE operational metadata filled by fit
-                    with PeakMemory(jvm) as mem:
-                        t0 = time.perf_counter()
-                        model = MaxCover(k=k, epsilon=eps, delta=DELTA, domain=domain, features=features, objective=obj,
-                                         candidates=mode, candidate_count=args.candidate_count).fit(
-                                             df, timings=timings, operational=operational)
-                        wall = time.perf_counter() - t0
-                    info = model.info
-                    hist = [h for h in operational["histogram_sizes"] if h is not None]
-                    res = {"n": n, "rep": rep, "job": f"maxcover {obj} {mode}", "objective": obj, "wall_s": wall,
-                           "passes": operational["spark_passes"], "r": info["thresholds"], "candidates": info["candidate_count"],
-                           "fallbacks": len(operational["fallback_thresholds"]), "max_hist": max(hist) if hist else 0,
-                           "pass_s": sum(v for key, v in timings.items() if "pass" in key),
-                           "solve_s": sum(v for key, v in timings.items() if "solve" in key),
-                           "py_peak_mb": mem.py_peak_mb, "jvm_peak_mb": mem.jvm_peak_mb, "hwm_reset": [mem.py_reset, mem.jvm_reset],
-                           "centers": model.centers}
-                    results.append(res)
-                    log.info("speed n=%d %s: %.1fs, %d passes (r=%d), py peak %.0f MB, JVM peak %.0f MB", n, res["job"],
-                             wall, res["passes"], res["r"], mem.py_peak_mb, mem.jvm_peak_mb)
-                # MLlib: end to end from the Delta table (assemble, cache, fit) and fit only on the cached vectors.
-                with PeakMemory(jvm) as mem:
+    for n in args.speed_n:
+        path = str(workdir / f"points_{n}")
+        t0 = time.perf_counter()
+        means = make_speed_table(spark, path, n, args.seed, args.partitions)
+        log.info("speed: wrote n=%d in %.1fs", n, time.perf_counter() - t0)
+        df = spark.read.format("delta").load(path)
+        for rep in range(args.speed_reps):
+            for obj, mode in configs:
+                timings: dict = {}
+                operational: dict = {}  # NON-PRIVATE operational metadata filled by fit
+                with bh.PeakMemory(jvm) as mem:
                     t0 = time.perf_counter()
-                    vec = VectorAssembler(inputCols=list(features), outputCol="features").transform(df).select("features").cache()
-                    vec.count()
-                    t_cache = time.perf_counter() - t0
-                    t1 = time.perf_counter()
-                    km = KMeans(k=k, maxIter=20, tol=0.0, seed=args.seed + rep).fit(vec)
-                    t_fit = time.perf_counter() - t1
-                wall = time.perf_counter() - t0
-                t2 = time.perf_counter()
-                km2 = KMeans(k=k, maxIter=20, tol=0.0, seed=args.seed + rep).fit(vec)  # same seed: same iterations
-                t_fit2 = time.perf_counter() - t2
-                vec.unpersist()
-                res = {"n": n, "rep": rep, "job": "MLlib KMeans", "objective": "kmeans", "wall_s": wall, "cache_s": t_cache,
-                       "fit_s": t_fit, "fit2_s": t_fit2, "iterations": km.summary.numIter, "iterations2": km2.summary.numIter,
+                    model = MaxCover(k=k, epsilon=eps, delta=DELTA, domain=domain, features=features, objective=obj,
+                                     candidates=mode, candidate_count=args.candidate_count).fit(
+                                         df, timings=timings, operational=operational)
+                    wall = time.perf_counter() - t0
+                info = model.info
+                hist = [h for h in operational["histogram_sizes"] if h is not None]
+                res = {"n": n, "rep": rep, "job": f"maxcover {obj} {mode}", "objective": obj, "wall_s": wall,
+                       "passes": operational["spark_passes"], "r": info["thresholds"], "candidates": info["candidate_count"],
+                       "fallbacks": len(operational["fallback_thresholds"]), "max_hist": max(hist) if hist else 0,
+                       "pass_s": sum(v for key, v in timings.items() if "pass" in key),
+                       "solve_s": sum(v for key, v in timings.items() if "solve" in key),
                        "py_peak_mb": mem.py_peak_mb, "jvm_peak_mb": mem.jvm_peak_mb, "hwm_reset": [mem.py_reset, mem.jvm_reset],
-                       "centers": np.array([np.asarray(c) for c in km.clusterCenters()])}
+                       "centers": model.centers}
                 results.append(res)
-                log.info("speed n=%d MLlib: %.1fs end to end (cache %.1fs + fit %.1fs, %d iterations); fit again %.1fs (%d it.)",
-                         n, wall, t_cache, t_fit, res["iterations"], t_fit2, res["iterations2"])
-            # Utility on the speed data (after the memory measurements: collects the points to the driver).
-            pts = df.toPandas().to_numpy(dtype=np.float64)
-            unit = domain.clip_to_unit(pts)
-            base = {"kmeans": objective_cost(unit, domain.clip_to_unit(means), "kmeans"),
-                    "kmedian": objective_cost(unit, domain.clip_to_unit(means), "kmedian")}
-            for res in results:
-                if res["n"] == n:
-                    res["cost_ratio_true_means"] = objective_cost(unit, domain.clip_to_unit(res["centers"]), res["objective"]) / base[res["objective"]]
-            del pts, unit
-    finally:
-        py_lifetime_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        spark.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-    speed_report(results, out_dir, command, args, py_lifetime_mb, jvm)
+                log.info("speed n=%d %s: %.1fs, %d passes (r=%d), py peak %.0f MB, JVM peak %.0f MB", n, res["job"],
+                         wall, res["passes"], res["r"], mem.py_peak_mb, mem.jvm_peak_mb)
+            # MLlib: end to end from the Delta table (assemble, cache, fit) and fit only on the cached vectors.
+            with bh.PeakMemory(jvm) as mem:
+                t0 = time.perf_counter()
+                vec = VectorAssembler(inputCols=list(features), outputCol="features").transform(df).select("features").cache()
+                vec.count()
+                t_cache = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                km = KMeans(k=k, maxIter=20, tol=0.0, seed=args.seed + rep).fit(vec)
+                t_fit = time.perf_counter() - t1
+            wall = time.perf_counter() - t0
+            t2 = time.perf_counter()
+            km2 = KMeans(k=k, maxIter=20, tol=0.0, seed=args.seed + rep).fit(vec)  # same seed: same iterations
+            t_fit2 = time.perf_counter() - t2
+            vec.unpersist()
+            res = {"n": n, "rep": rep, "job": "MLlib KMeans", "objective": "kmeans", "wall_s": wall, "cache_s": t_cache,
+                   "fit_s": t_fit, "fit2_s": t_fit2, "iterations": km.summary.numIter, "iterations2": km2.summary.numIter,
+                   "py_peak_mb": mem.py_peak_mb, "jvm_peak_mb": mem.jvm_peak_mb, "hwm_reset": [mem.py_reset, mem.jvm_reset],
+                   "centers": np.array([np.asarray(c) for c in km.clusterCenters()])}
+            results.append(res)
+            log.info("speed n=%d MLlib: %.1fs end to end (cache %.1fs + fit %.1fs, %d iterations); fit again %.1fs (%d it.)",
+                     n, wall, t_cache, t_fit, res["iterations"], t_fit2, res["iterations2"])
+        # Utility on the speed data (after the memory measurements: collects the points to the driver).
+        pts = df.toPandas().to_numpy(dtype=np.float64)
+        unit = domain.clip_to_unit(pts)
+        base = {"kmeans": objective_cost(unit, domain.clip_to_unit(means), "kmeans"),
+                "kmedian": objective_cost(unit, domain.clip_to_unit(means), "kmedian")}
+        for res in results:
+            if res["n"] == n:
+                res["cost_ratio_true_means"] = objective_cost(unit, domain.clip_to_unit(res["centers"]), res["objective"]) / base[res["objective"]]
+        del pts, unit
+    return results
 
 
 def speed_report(results, out_dir: Path, command: str, args, py_lifetime_mb: float, jvm):
@@ -656,7 +616,7 @@ def speed_report(results, out_dir: Path, command: str, args, py_lifetime_mb: flo
         f"Command: `{command}`",
         "",
         f"Machine: {machine_line()}. Spark master `{args.master}`, conf {SPARK_CONF}, driver memory 4g, one SparkSession "
-        f"for everything. The machine is shared with other jobs (load average at report time: {load_average()}): "
+        f"for everything. The machine is shared with other jobs (load average at report time: {bh.load_average()}): "
         "absolute times are noisy.",
         "",
         f"Data: n points of 15 Gaussian blobs (sigma 2.5, means uniform in [10, 90]^2), clipped to the PUBLIC box [0, 100]^2 "
@@ -705,7 +665,7 @@ def speed_report(results, out_dir: Path, command: str, args, py_lifetime_mb: flo
                              f"{max(r['py_peak_mb'] for r in g):.0f}", f"{max(r['jvm_peak_mb'] for r in g):.0f}",
                              f"{np.median([r.get('cost_ratio_true_means', math.nan) for r in g]):.4f}"])
         lines += [f"## n = {n:,}" + (f" ({args.speed_reps} reps, medians)" if args.speed_reps > 1 else ""), "",
-                  bc.markdown_table(["job", "wall s", "ratio to MLlib end to end", "ratio to MLlib fit only",
+                  bh.markdown_table(["job", "wall s", "ratio to MLlib end to end", "ratio to MLlib fit only",
                                      "Spark passes", "candidates |V|", "largest signature histogram",
                                      "Python driver peak RSS MB", "JVM peak RSS MB", "cost ratio to true means"],
                                     rows, ["l", "r", "r", "r", "l", "r", "r", "r", "r", "r"]), ""]
@@ -722,8 +682,8 @@ def speed_report(results, out_dir: Path, command: str, args, py_lifetime_mb: flo
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke run: s1, epsilon 1 and 4, 1 rep (outputs in quick/); "
-                    "with --speed: n = 10^5 only")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2000 rows of skin, epsilon 1, 1 rep (outputs in "
+                    "quick/); with --speed: n = 2 x 10^4, maxcover kmeans private and MLlib, no warm-up")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     ap.add_argument("--epsilons", nargs="+", type=float, default=EPSILONS)
@@ -755,9 +715,9 @@ def main(argv=None):
     if args.quick:
         out_dir = out_dir / "quick"
         if args.speed:
-            args.speed_n = [100_000]
+            args.speed_n = [20_000]
         else:
-            args.datasets, args.epsilons, args.reps = ["s1"], [1.0, 4.0], 1
+            args.datasets, args.epsilons, args.reps, args.max_rows = ["skin"], [1.0], 1, 2000
     command = args.command or ".venv/bin/python scripts/bench_maxcover.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.speed:
         speed(args, out_dir, command)

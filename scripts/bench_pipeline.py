@@ -27,7 +27,7 @@ Every dpspark process runs with ``$DPSPARK_OPERATOR_LOG`` set, so its steps' dur
 its operator record (a run with a ledger does not print them). "bookkeeping" = the process's wall time
 minus Spark's start, the input's read (schema and version) and the fit: the records around the release.
 
-    .venv/bin/python scripts/bench_pipeline.py --quick --out /tmp/pipe          # smoke: 2e4 x 2, 20 days, 1 rep
+    .venv/bin/python scripts/bench_pipeline.py --quick --out /tmp/pipe          # smoke: 2e4 x 2, 2 days, 1 rep
     .venv/bin/python scripts/bench_pipeline.py --n 1e6 --d 10 --reps 3          # the issue's steady state
     .venv/bin/python scripts/bench_pipeline.py --n 1e6 --d 10 --families auto dplloyd maxcover ldp
 
@@ -52,7 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
-import bench_scale as bs  # noqa: E402
+import bench_harness as bh  # noqa: E402
+import bench_scale as bs  # noqa: E402  (the benchmark's table and its dpspark configs)
 
 DEFAULT_OUT = bc.ROOT / "bench" / "results" / "pipeline"
 DEFAULT_WORK = bc.ROOT / ".cache" / "bench-pipeline"
@@ -74,15 +75,21 @@ def parse_args(argv):
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="the table and the history (kept between runs)")
     p.add_argument("--rebuild", action="store_true", help="write the table and the history again")
     p.add_argument("--no-mllib", action="store_true", help="leave the MLlib job out")
-    p.add_argument("--quick", action="store_true", help="smoke run: n 2e4, d 2, 20 days, 1 rep, auto")
+    p.add_argument("--cases", nargs="+", default=None, metavar="CASE",
+                   help="measure only these cases (e.g. \"no-op re-run\" \"ledger show\"; default: all)")
+    p.add_argument("--quick", action="store_true", help="smoke run: n 2e4, d 2, 2 days, 1 rep, auto")
     p.add_argument("--job-timeout", type=float, default=3600.0)
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
+    args.command = bh.command_line("bench_pipeline.py", argv, python=".venv/bin/python")
     if args.quick:
-        args.n, args.d, args.days, args.reps, args.families = 2e4, 2, 20, 1, ["auto"]
+        args.n, args.d, args.days, args.reps, args.families = 2e4, 2, 2, 1, ["auto"]
         if args.work == DEFAULT_WORK:
             args.work = args.out / "work"
     args.n = int(args.n)
+    known = [case for case, _ in all_cases(args)]
+    if set(args.cases or []) - set(known):
+        p.error(f"unknown cases {sorted(set(args.cases) - set(known))}; known: {known}")
     return args
 
 
@@ -102,19 +109,14 @@ def build(args) -> dict:
     work.mkdir(parents=True)
     from dpspark import tables
     from dpspark.privacy.ledger import Ledger
-    from dpspark.session import build_session
 
-    spark = build_session(master=bs.MASTER, app_name="bench-pipeline-setup", conf=bs.SPARK_CONF)
-    t0 = time.perf_counter()
-    bs.make_table(spark, paths["table"], args.n, args.d, args.seed, partitions=max(2, args.n // 250_000))
-    table_s = time.perf_counter() - t0
-    key = tables.ledger_key_of(spark, paths["table"])
-    ledger = Ledger(spark, tables.qualify(paths["ledger"]))
-    ledger.set_budget(key, CAP, CAP_DELTA)
-    t0 = time.perf_counter()
-    write_history(spark, ledger, key, paths, args)
-    history_s = time.perf_counter() - t0
-    spark.stop()
+    with bh.session("bench-pipeline-setup") as spark:
+        _, table_s = bh.timed(lambda: bs.make_table(spark, paths["table"], args.n, args.d, args.seed,
+                                                    partitions=max(2, args.n // 250_000)))
+        key = tables.ledger_key_of(spark, paths["table"])
+        ledger = Ledger(spark, tables.qualify(paths["ledger"]))
+        ledger.set_budget(key, CAP, CAP_DELTA)
+        _, history_s = bh.timed(lambda: write_history(spark, ledger, key, paths, args))
     info = {"built": want, "input_key": key, "table_s": round(table_s, 1), "history_s": round(history_s, 1)}
     marker.write_text(json.dumps(info))
     return {**paths, **info}
@@ -169,7 +171,11 @@ def write_history(spark, ledger, key: str, paths: dict, args) -> None:
 
 
 def cases(args) -> list[tuple[str, str | None]]:
-    """(case name, family) of one repetition."""
+    """(case name, family) of one repetition (those of --cases)."""
+    return [(case, family) for case, family in all_cases(args) if not args.cases or case in args.cases]
+
+
+def all_cases(args) -> list[tuple[str, str | None]]:
     out = [(f"new {f}", f) for f in args.families]
     out += [("no-op re-run", "auto"), ("refused run", "auto"), ("ledger show", None), ("ledger set-budget", None)]
     if not args.no_mllib:
@@ -178,14 +184,13 @@ def cases(args) -> list[tuple[str, str | None]]:
 
 
 def command(case: str, family: str | None, rep: int, jobdir: Path, built: dict, args) -> list[str]:
-    exe = str(Path(sys.executable).parent / "dpspark")
     if case == "MLlib":
-        return bs.mllib_command(built["table"], str(jobdir / "mllib-out"), False, args.seed, 0.0, "delta")
+        return bh.mllib_command(built["table"], str(jobdir / "mllib-out"), bs.K, seed=args.seed)
     if case == "ledger show":
-        return [exe, "ledger", "show", "--ledger", built["ledger"], "--input", built["table"]]
+        return bh.dpspark_command("ledger", "show", "--ledger", built["ledger"], "--input", built["table"])
     if case == "ledger set-budget":
-        return [exe, "ledger", "set-budget", "--ledger", built["ledger"], "--input", built["table"],
-                "--epsilon", repr(CAP), "--delta", repr(CAP_DELTA)]
+        return bh.dpspark_command("ledger", "set-budget", "--ledger", built["ledger"], "--input", built["table"],
+                                  "--epsilon", repr(CAP), "--delta", repr(CAP_DELTA))
     cfg = bs.family_config(family, built["table"], args.d, built["out"])
     cfg["privacy"]["ledger"] = built["ledger"]
     run_id = {"no-op re-run": "day-0001", "refused run": f"refused-{rep}"}.get(case, f"new-{family}-{rep}-{int(time.time())}")
@@ -193,7 +198,7 @@ def command(case: str, family: str | None, rep: int, jobdir: Path, built: dict, 
         cfg["privacy"]["epsilon"] = REFUSED_EPSILON
     path = jobdir / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return bs.dpspark_command(str(path)) + ["--run-id", run_id]
+    return bh.dpspark_command("run", "--config", path, "--json", "--run-id", run_id)
 
 
 def measure(case: str, family: str | None, rep: int, built: dict, args, workdir: Path) -> dict:
@@ -203,9 +208,9 @@ def measure(case: str, family: str | None, rep: int, built: dict, args, workdir:
     jobdir.mkdir(parents=True)
     operator = jobdir / "operator"
     cmd = command(case, family, rep, jobdir, built, args)
-    proc = bs.run_process(cmd, jobdir, bs.child_env(None if case == "MLlib" else str(operator)), args.job_timeout)
+    proc = bh.run_process(cmd, jobdir, bh.child_env(None if case == "MLlib" else str(operator)), args.job_timeout)
     row = {"case": case, "rep": rep, "wall_s": round(proc["wall"], 2), "exit_code": proc["exit_code"], "steps": {}}
-    outcome = bs.last_json_line(proc["stdout"])
+    outcome = bh.last_json_line(proc["stdout"])
     if outcome.get("run_id"):
         try:
             record = read_operator_record(None, outcome["run_id"], outcome.get("attempt") or 1, base=str(operator))
@@ -214,7 +219,7 @@ def measure(case: str, family: str | None, rep: int, built: dict, args, workdir:
             pass
         row["status"] = outcome.get("status")
     if case == "MLlib":
-        steps = bs.parse_steps(proc["stderr"], "fit")
+        steps = bh.parse_steps(proc["stderr"], "fit")
         row["steps"] = steps
         row["fit_s"] = steps.get("FIT")
     else:
@@ -251,36 +256,32 @@ def write_results(rows: list[dict], built: dict, args, elapsed: float) -> None:
         wall = median(r["wall_s"] for r in mine)
         table.append([case, len(mine), f"{wall:.1f}" if wall is not None else "",
                       f"{wall / mllib:.2f}x" if wall and mllib and case.startswith("new") else "",
-                      _fmt(median(r.get("jvm_start_s") for r in mine)),
-                      _fmt(median(r.get("fit_s") for r in mine)),
-                      _fmt(median(r.get("bookkeeping_s") for r in mine)),
+                      bh.fmt(median(r.get("jvm_start_s") for r in mine), missing=""),
+                      bh.fmt(median(r.get("fit_s") for r in mine), missing=""),
+                      bh.fmt(median(r.get("bookkeeping_s") for r in mine), missing=""),
                       "; ".join(sorted({r["error"] for r in mine if r.get("error")}))[:200]])
     steps_rows = []
     for case, _ in cases(args):
         mine = [r for r in rows if r["case"] == case and r["steps"]]
         names = sorted({k for r in mine for k in r["steps"] if top_level(k)}, key=lambda k: -median(r["steps"].get(k) for r in mine))
         for name in names:
-            steps_rows.append([case, name, _fmt(median(r["steps"].get(name) for r in mine), "{:.2f}")])
-    machine = bc.machine_description()
+            steps_rows.append([case, name, bh.fmt(median(r["steps"].get(name) for r in mine), "{:.2f}", missing="")])
+    machine = bh.machine_description()
     text = [f"# A daily pipeline's steady state ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
             f"Table: n = {args.n:,}, d = {args.d} (bench_scale's mixture, Delta). History: {args.days} succeeded "
             f"daily runs in runs/, centers/ and the ledger (set-up: table {built.get('table_s')} s, history "
             f"{built.get('history_s')} s). {args.reps} repetition(s), whole processes, medians (s). "
             f"Machine: {machine.get('nproc', '?')} CPUs ({machine.get('cpu', '')}), {machine.get('memory_gb', '?')} GB. Benchmark time "
             f"{elapsed / 60:.1f} min.", "",
-            "`.venv/bin/python scripts/bench_pipeline.py " + " ".join(sys.argv[1:]) + "`", "",
-            bc.markdown_table(["case", "runs", "wall", "/ MLlib", "Spark start", "fit", "bookkeeping", "errors"],
+            f"`{args.command}`", "",
+            bh.markdown_table(["case", "runs", "wall", "/ MLlib", "Spark start", "fit", "bookkeeping", "errors"],
                               table, ["l", "r", "r", "r", "r", "r", "r", "l"]), "",
             "bookkeeping: the wall time minus Spark's start, the input's read (schema and version) and the fit.", "",
             "## Steps (operator records; MLlib: its own step lines)", "",
-            bc.markdown_table(["case", "step", "median s"], steps_rows, ["l", "l", "r"]), ""]
+            bh.markdown_table(["case", "step", "median s"], steps_rows, ["l", "l", "r"]), ""]
     (args.out / "results.md").write_text("\n".join(text))
     (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                        "built": built, "machine": machine, "rows": rows}, indent=1))
-
-
-def _fmt(value, fmt: str = "{:.1f}") -> str:
-    return "" if value is None else fmt.format(value)
 
 
 def main(argv=None) -> int:

@@ -75,15 +75,10 @@ re-measured (n, d) cells).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import os
-import re
-import resource
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -96,11 +91,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
-from bench_common import PeakMemory, find_jvm  # noqa: E402
+import bench_harness as bh  # noqa: E402
+from bench_harness import fmt as _f  # noqa: E402
 
 ROOT = bc.ROOT
 DEFAULT_OUT = ROOT / "bench" / "results" / "scale"
-MLLIB_JOB = Path(__file__).resolve().parent / "mllib_job.py"
 K = 10
 EPS = 1.0
 DELTA = 1e-6
@@ -110,8 +105,8 @@ JOBS = ["auto", "maxcover", "dplloyd", "ldp", "mllib"]
 FAMILIES = [j for j in JOBS if j != "mllib"]
 QUICK_JOBS = ["maxcover", "dplloyd", "ldp", "mllib"]  # --quick's default (tests/test_bench_quick.py expects these)
 WHOLE_QUICK_JOBS = ["auto", "mllib"]
-SPARK_CONF = {"spark.sql.shuffle.partitions": "4"}
-MASTER = "local[2]"
+SPARK_CONF = bh.SPARK_CONF
+MASTER = bh.MASTER
 MLLIB_TOL = {"fit": 1e-4, "whole": 0.0}  # the fit mode's historical tol; issue 15's target job: tol = 0
 CSV_COLUMNS = ["n", "d", "job", "wall_s", "spark_passes", "passes_source", "py_peak_mb", "jvm_peak_mb",
                "us_per_point", "cost_ratio_vs_true_means", "epsilon_spent", "error",
@@ -267,6 +262,38 @@ def run_job(job: str, spark, df, domain, features, seed_base: int, tiny: bool = 
     raise ValueError(job)
 
 
+def measure_fit(job: str, spark, jvm, df, domain, features, n: int, args) -> tuple[dict, np.ndarray | None, bh.PeakMemory]:
+    """One job of the fit mode, timed, its peak memory measured: (row, released centers or None, memory)."""
+    row = {"n": n, "d": domain.dim, "job": job, "error": "", "cost_ratio_vs_true_means": "", "passes_limit": "",
+           "fallback_thresholds": "", "max_histogram": "", "histogram_jobs": "", "route": ""}
+    timer = None
+    if args.job_timeout:
+        timer = threading.Timer(args.job_timeout, spark.sparkContext.cancelAllJobs)
+        timer.daemon = True
+    out = None
+    with bh.PeakMemory(jvm) as mem:
+        t0 = time.perf_counter()
+        if timer is not None:
+            timer.start()
+        try:
+            out = run_job(job, spark, df, domain, features, args.seed, tiny=args.quick, mllib_tol=args.mllib_tol)
+        except Exception as exc:
+            row["error"] = repr(exc)[:300]
+        finally:
+            if timer is not None:
+                timer.cancel()
+        wall = time.perf_counter() - t0
+    if row["error"] and args.job_timeout and wall >= args.job_timeout:
+        row["error"] = f"timed out: Spark jobs cancelled after {args.job_timeout:.0f} s"
+    out = out or {"centers": None, "passes": "", "source": "", "epsilon_spent": float("nan")}
+    row.update(wall_s=wall, spark_passes=out["passes"], passes_source=out["source"],
+               py_peak_mb=mem.py_peak_mb, jvm_peak_mb=mem.jvm_peak_mb, us_per_point=wall / n * 1e6,
+               epsilon_spent=out["epsilon_spent"],
+               **{k: out[k] for k in ("passes_limit", "fallback_thresholds", "max_histogram",
+                                      "histogram_jobs", "route") if k in out})
+    return row, out["centers"], mem
+
+
 # ---------------------------------------------------------------------------
 # Whole mode: processes
 
@@ -293,212 +320,6 @@ def family_config(job: str, table: str, d: int, out_dir: str, tiny: bool = False
         "output": {"path": out_dir, "report": True},
         "spark": {"master": MASTER, "app_name": f"bench-scale-{job}", "conf": dict(SPARK_CONF)},
     }
-
-
-def child_env(operator_log: str | None = None) -> dict:
-    """This environment without a deployment ledger or a parent's Py4J gateway; the child's operator
-    log (``$DPSPARK_OPERATOR_LOG``: its timings and pass counts) is ``operator_log``, or none."""
-    env = dict(os.environ)
-    for key in ("DPSPARK_LEDGER", "DPSPARK_OPERATOR_LOG", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET",
-                "PYSPARK_SUBMIT_ARGS"):
-        env.pop(key, None)
-    if operator_log is not None:
-        env["DPSPARK_OPERATOR_LOG"] = operator_log
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env.setdefault("DPSPARK_LOG_LEVEL", "DEBUG")  # every pass's step line (a loop's passes are DEBUG)
-    return env
-
-
-def dpspark_command(config_path: str) -> list[str]:
-    exe = Path(sys.executable).parent / "dpspark"
-    head = [str(exe)] if exe.exists() else [sys.executable, "-m", "dpspark.cli"]
-    return head + ["run", "--config", str(config_path), "--json"]
-
-
-def mllib_command(table: str, out_dir: str, tiny: bool, seed: int, tol: float, fmt: str) -> list[str]:
-    cmd = [sys.executable, str(MLLIB_JOB), "--input", table, "--k", str(K), "--out", out_dir,
-           "--max-iter", str(3 if tiny else 20), "--tol", repr(float(tol)), "--seed", str(seed),
-           "--format", fmt, "--master", MASTER]
-    for key, value in SPARK_CONF.items():
-        cmd += ["--conf", f"{key}={value}"]
-    return cmd
-
-
-def _parents() -> dict[int, int]:
-    out = {}
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                out[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    return out
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and its descendants (one scan of /proc)."""
-    kids: dict[int, list[int]] = {}
-    for pid, ppid in _parents().items():
-        kids.setdefault(ppid, []).append(pid)
-    out, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        out.append(pid)
-        stack.extend(kids.get(pid, []))
-    return out
-
-
-class TreePeak:
-    """Peak RSS of a child process tree, sampled: the root's and the JVM's VmHWM, the tree's summed VmRSS."""
-
-    def __init__(self, root: int, interval: float = 0.5):
-        self.root, self.interval = root, interval
-        self.py_kb = self.jvm_kb = self.tree_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def poll(self) -> None:
-        total = 0
-        for pid in process_tree(self.root):
-            rss = bc.status_kb(pid, "VmRSS") or 0
-            hwm = bc.status_kb(pid, "VmHWM") or 0
-            total += rss
-            if pid == self.root:
-                self.py_kb = max(self.py_kb, hwm)
-            else:
-                try:
-                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                except OSError:
-                    continue
-                if comm == "java":
-                    self.jvm_kb = max(self.jvm_kb, hwm)
-        self.tree_kb = max(self.tree_kb, total)
-
-    def _run(self):
-        while not self._stop.wait(self.interval):
-            self.poll()
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        return False
-
-
-# dpspark's step lines ("[dpspark] 12:00:01 <step> ..." / "... <step> done in 1.23s"), and mllib_job's.
-STEP_LINE = re.compile(r"^\[(?:dpspark|mllib_job)\] \d\d:\d\d:\d\d (.+?) (\.\.\.|done in ([0-9.]+)s)$")
-
-
-def run_process(cmd: list[str], cwd: Path, env: dict, timeout: float | None) -> dict:
-    """Run ``cmd`` (own process group) to its exit: wall time, exit code, stdout, stderr, peak memory, and
-    when (seconds after the start) its stderr showed the first step starting (``first_mark``) and the last
-    step done (``last_mark``): the process's start-up before its first step and its exit after the last.
-
-    On ``timeout`` the group gets SIGTERM (dpspark records the attempt as killed), then SIGKILL after 60 s.
-    """
-    out_path, err_path = cwd / "stdout.txt", cwd / "stderr.txt"
-    timed_out = False
-    marks: dict[str, float] = {}
-
-    def pump(stream, sink, t0):  # stderr to its file, the step marks timed on arrival
-        for raw in iter(stream.readline, b""):
-            sink.write(raw)
-            m = STEP_LINE.match(raw.decode("utf-8", "replace").strip())
-            if m and m.group(2) == "...":
-                marks.setdefault("first_mark", time.perf_counter() - t0)
-            elif m:
-                marks["last_mark"] = time.perf_counter() - t0
-        stream.close()
-
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        reader = threading.Thread(target=pump, args=(proc.stderr, err, t0), daemon=True)
-        reader.start()
-        with TreePeak(proc.pid) as mem:
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    code = proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    code = proc.wait()
-            wall = time.perf_counter() - t0
-        try:  # a process the child left behind in its group (a JVM should exit with its parent): ours to end
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        reader.join(timeout=30)
-    return {"wall": wall, "exit_code": code, "timed_out": timed_out, "stdout": out_path.read_text(errors="replace"),
-            "stderr": err_path.read_text(errors="replace"), "py_peak_mb": mem.py_kb / 1024,
-            "jvm_peak_mb": mem.jvm_kb / 1024 if mem.jvm_kb else float("nan"), "tree_peak_mb": mem.tree_kb / 1024,
-            **marks}
-
-
-def parse_steps(stderr: str, fit_name: str) -> dict:
-    """Durations of the TOP-LEVEL steps of a child's log (a step opened while none is open; passes and
-    sub-steps inside the fit are left out), summed per name; the step ``fit_name`` is renamed "FIT"."""
-    steps: dict[str, float] = {}
-    open_steps: list[str] = []
-    for line in stderr.splitlines():
-        m = STEP_LINE.match(line.strip())
-        if not m:
-            continue
-        name = m.group(1)
-        if m.group(2) == "...":
-            open_steps.append(name)
-            continue
-        if name in open_steps:
-            i = len(open_steps) - 1 - open_steps[::-1].index(name)
-            del open_steps[i:]  # a step done closes anything left open inside it
-            if i == 0:
-                key = "FIT" if name == fit_name else name
-                steps[key] = round(steps.get(key, 0.0) + float(m.group(3)), 3)
-    return steps
-
-
-def process_phases(wall: float, steps: dict, first_mark: float | None, last_mark: float | None) -> dict:
-    """START (process start to the first step: interpreter, imports, config), END (the last step done to
-    the exit) and OUTSIDE (the wall time between the top-level steps). Seconds, rounded."""
-    covered = sum(v for k, v in steps.items() if k not in ("START", "END", "OUTSIDE"))
-    out = {}
-    start = first_mark if first_mark is not None else float("nan")
-    end = wall - last_mark if last_mark is not None else float("nan")
-    out["START"] = round(start, 3)
-    out["END"] = round(end, 3)
-    out["OUTSIDE"] = round(wall - covered - (start if np.isfinite(start) else 0.0) - (end if np.isfinite(end) else 0.0), 3)
-    return out
-
-
-def last_json_line(text: str) -> dict:
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return {}
-
-
-def read_operational(spark, operator_dir: str, run_id: str, attempt: int = 1) -> dict:
-    """The ``operational`` dict (pass counts, histogram sizes) of one attempt's operator record, the
-    file ``dpspark run`` wrote under ``$DPSPARK_OPERATOR_LOG`` (``operator_dir``), with its
-    ``timings``; {} if there is none."""
-    from dpspark.runner import read_operator_record
-
-    try:
-        record = read_operator_record(spark, run_id, attempt, base=operator_dir)
-    except (OSError, ValueError):
-        return {}
-    return {"timings": record.get("timings") or {}, **(record.get("operational") or {})}
 
 
 def whole_sequence(jobs: list[str], reps: int) -> list[str]:
@@ -543,28 +364,26 @@ def whole_job(spark, job: str, seq: int, n: int, d: int, table: str, workdir: Pa
            "epsilon_spent": float("nan"), "spark_passes": "", "passes_source": "", "passes_limit": "",
            "fallback_thresholds": "", "max_histogram": "", "histogram_jobs": "", "route": ""}
     if job == "mllib":
-        cmd = mllib_command(table, str(outdir), args.quick, args.seed, args.mllib_tol, args.mllib_format)
+        cmd = bh.mllib_command(table, str(outdir), K, max_iter=3 if args.quick else 20, tol=args.mllib_tol,
+                               seed=args.seed, fmt=args.mllib_format)
     else:
         import yaml
 
         cfg_path = jobdir / "config.yaml"
         cfg_path.write_text(yaml.safe_dump(family_config(job, table, d, str(outdir), tiny=args.quick), sort_keys=False))
-        cmd = dpspark_command(str(cfg_path))
+        cmd = bh.dpspark_command("run", "--config", cfg_path, "--json")
     operator_dir = jobdir / "operator"  # the child's operator log: its pass counts
-    proc = run_process(cmd, jobdir, child_env(None if job == "mllib" else str(operator_dir)), args.job_timeout)
+    proc = bh.run_process(cmd, jobdir, bh.child_env(None if job == "mllib" else str(operator_dir)), args.job_timeout)
     row.update(wall_whole_s=proc["wall"], exit_code=proc["exit_code"], py_peak_mb=proc["py_peak_mb"],
                jvm_peak_mb=proc["jvm_peak_mb"], tree_peak_mb=proc["tree_peak_mb"], us_per_point=proc["wall"] / n * 1e6)
     centers = None
     if proc["timed_out"]:
         row["error"] = f"timed out: process group stopped after {args.job_timeout:.0f} s"
     elif proc["exit_code"] != 0:
-        lines = proc["stderr"].strip().splitlines() or ["?"]
-        said = [ln for ln in lines if ln.startswith(("dpspark:", "mllib_job:")) or "Error" in ln]
-        reason = last_json_line(proc["stdout"]).get("error") or (said or lines)[-1]
-        row["error"] = f"exit {proc['exit_code']}: {reason}"[:300]
+        row["error"] = f"exit {proc['exit_code']}: {bh.exit_reason(proc)}"[:300]
     try:
         if job == "mllib":
-            steps = parse_steps(proc["stderr"], "fit")
+            steps = bh.parse_steps(proc["stderr"], "fit")
             if "FIT" in steps:
                 row["fit_s"] = steps["FIT"]
             result = json.loads((outdir / "result.json").read_text()) if not row["error"] else {}
@@ -574,16 +393,16 @@ def whole_job(spark, job: str, seq: int, n: int, d: int, table: str, workdir: Pa
                            passes_source=f"approx.: cache 1 + k-means|| init ~3 + {it} iterations + 1 cost")
                 centers = np.asarray(result["centers"], dtype=np.float64)
         else:
-            steps = parse_steps(proc["stderr"], f"{job}: fit")
+            steps = bh.parse_steps(proc["stderr"], f"{job}: fit")
             if "FIT" in steps:
                 row["fit_s"] = steps["FIT"]
             if not row["error"]:
-                outcome = last_json_line(proc["stdout"])
+                outcome = bh.last_json_line(proc["stdout"])
                 row["epsilon_spent"] = float(outcome.get("epsilon_spent", float("nan")))
                 summary = json.loads((outdir / "summary.json").read_text())
                 centers = np.asarray(summary["centers"], dtype=np.float64)
                 params = summary.get("parameters") or {}
-                operational = read_operational(spark, str(operator_dir), outcome.get("run_id"),
+                operational = bh.read_operational(spark, str(operator_dir), outcome.get("run_id"),
                                                outcome.get("attempt") or 1)
                 row["route"] = params.get("chosen", "") if job == "auto" else ""
                 if operational.get("spark_passes") is not None:
@@ -597,7 +416,7 @@ def whole_job(spark, job: str, seq: int, n: int, d: int, table: str, workdir: Pa
                 elif job == "ldp":
                     row.update(spark_passes=3, passes_source="code path (3 rounds)")
         if steps:
-            steps = {**steps, **process_phases(row["wall_whole_s"], steps, proc.get("first_mark"), proc.get("last_mark"))}
+            steps = {**steps, **bh.process_phases(row["wall_whole_s"], steps, proc.get("first_mark"), proc.get("last_mark"))}
             row["steps"] = json.dumps(steps, sort_keys=False)
         if np.isfinite(row["fit_s"]):
             row["outside_fit_s"] = row["wall_whole_s"] - row["fit_s"]
@@ -626,19 +445,10 @@ def warm_up_whole(spark, args, workdir: Path) -> None:
 
 
 def _read_rows(path: Path) -> list[dict]:
-    rows = []
-    with open(path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            r = dict(r)
-            r["n"], r["d"] = int(r["n"]), int(r["d"])
-            if r.get("seq") not in (None, ""):
-                r["seq"] = int(r["seq"])
-            for key in NUMERIC:
-                if key in r:
-                    r[key] = float(r[key]) if r.get(key) not in ("", None) else float("nan")
-            for key in ("error", "passes_limit", "fallback_thresholds", "max_histogram", "histogram_jobs", "route", "steps"):
-                r[key] = r.get(key) or ""
-            rows.append(r)
+    rows = bh.read_csv(path, ints=("n", "d", "seq"), floats=NUMERIC)
+    for r in rows:
+        for key in ("error", "passes_limit", "fallback_thresholds", "max_histogram", "histogram_jobs", "route", "steps"):
+            r[key] = r.get(key) or ""
     return rows
 
 
@@ -681,20 +491,8 @@ def fit_slope(ns, ts) -> float:
     return float(np.polyfit(np.log10(ns[ok]), np.log10(ts[ok]), 1)[0])
 
 
-def _f(v, fmt: str = "{:.1f}") -> str:
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return "-" if v in ("", None) else str(v)
-    return fmt.format(v) if np.isfinite(v) else "-"
-
-
 def _plot(results, key: str, ylabel: str, path: Path) -> dict:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = bh.pyplot()
     ds = sorted({r["d"] for r in results})
     fig, axes = plt.subplots(1, len(ds), figsize=(6 * len(ds), 4.5), squeeze=False)
     slopes = {}
@@ -744,13 +542,10 @@ def _passes_cell(r) -> str:
 
 def write_outputs(results, args, out_dir: Path, py_lifetime_mb: float, jvm_pid, elapsed: float):
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "scale.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(results)
+    bh.write_csv(out_dir / "scale.csv", results, CSV_COLUMNS)
     slopes = _plot(results, "wall_s", "wall time of fit (s)", out_dir / "time_vs_n.png")
 
-    m = bc.machine_description()
+    m = bh.machine_description()
     md = ["# Scaling benchmark: dpspark families vs Spark MLlib KMeans", ""]
     commands = "; then ".join(f"`{c}`" for c in getattr(args, "commands", [args.command]))
     md.append(f"Command: {commands}; total {elapsed:.0f} s (last command). Machine: {m['nproc']} CPUs ({m['cpu']}), "
@@ -778,11 +573,11 @@ def write_outputs(results, args, out_dir: Path, py_lifetime_mb: float, jvm_pid, 
                      r.get("max_histogram") if r.get("max_histogram") not in ("", None) else "-",
                      f"{r['us_per_point']:.2f}", f"{r['py_peak_mb']:.0f}", f"{r['jvm_peak_mb']:.0f}",
                      "-" if r["cost_ratio_vs_true_means"] in ("", None) else f"{float(r['cost_ratio_vs_true_means']):.3g}"])
-    md.append(bc.markdown_table(header, rows, ["r", "r", "l", "r", "r", "l", "r", "r", "r", "r", "r"]))
+    md.append(bh.markdown_table(header, rows, ["r", "r", "l", "r", "r", "l", "r", "r", "r", "r", "r"]))
     md.append("")
     md.append("Fitted slope of log10(wall time) against log10(n) (1 = linear; below 1 = fixed overheads dominate):")
     md.append("")
-    md.append(bc.markdown_table(["d", "job", "slope"], [[d, j, f"{s:.2f}"] for (d, j), s in sorted(slopes.items())],
+    md.append(bh.markdown_table(["d", "job", "slope"], [[d, j, f"{s:.2f}"] for (d, j), s in sorted(slopes.items())],
                                 ["r", "l", "r"]))
     md.append("")
     md.append("![time vs n](time_vs_n.png)")
@@ -816,10 +611,7 @@ def _step_cells(steps_json: str) -> list[str]:
 
 def write_whole_outputs(results, args, out_dir: Path, elapsed: float) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "whole.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=WHOLE_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(results)
+    bh.write_csv(out_dir / "whole.csv", results, WHOLE_COLUMNS)
     slopes = _plot(results, "wall_whole_s", "wall time of the whole process (s)", out_dir / "whole_time_vs_n.png")
     fit_rows = [dict(r, fit_s=r["fit_s"]) for r in results if np.isfinite(float(r.get("fit_s", float("nan"))))]
     fit_slopes = {}
@@ -833,7 +625,7 @@ def write_whole_outputs(results, args, out_dir: Path, elapsed: float) -> None:
                 ns = sorted(by_n)
                 fit_slopes[(d, job)] = fit_slope(ns, [float(np.median(by_n[n])) for n in ns])
 
-    m = bc.machine_description()
+    m = bh.machine_description()
     md = ["# Whole processes: `dpspark run` of each family vs a plain PySpark MLlib KMeans job", ""]
     commands = "; then ".join(f"`{c}`" for c in getattr(args, "commands", [args.command]))
     md.append(f"Command: {commands}; total {elapsed:.0f} s (last command). Machine: {m['nproc']} CPUs ({m['cpu']}), "
@@ -872,7 +664,7 @@ def write_whole_outputs(results, args, out_dir: Path, elapsed: float) -> None:
                      r.get("max_histogram") if r.get("max_histogram") not in ("", None) else "-",
                      _f(r.get("py_peak_mb"), "{:.0f}"), _f(r.get("jvm_peak_mb"), "{:.0f}"), _f(r.get("tree_peak_mb"), "{:.0f}"),
                      "-" if r["cost_ratio_vs_true_means"] in ("", None) else _f(r["cost_ratio_vs_true_means"], "{:.3g}")])
-    md.append(bc.markdown_table(header, rows, ["r", "r", "l"] + ["r"] * 6 + ["l"] + ["r"] * 5))
+    md.append(bh.markdown_table(header, rows, ["r", "r", "l"] + ["r"] * 6 + ["l"] + ["r"] * 5))
     md.append("")
     md.append("Where the seconds go (s), per process:")
     md.append("")
@@ -880,12 +672,12 @@ def write_whole_outputs(results, args, out_dir: Path, elapsed: float) -> None:
                    + ["other steps", "end (after last step)", "between steps"])
     step_rows = [[f"{r['n']:.0e}", r["d"], r["job"], _f(r["wall_whole_s"]), *_step_cells(r.get("steps", ""))]
                  for r in results]
-    md.append(bc.markdown_table(step_header, step_rows, ["r", "r", "l"] + ["r"] * (len(step_header) - 3)))
+    md.append(bh.markdown_table(step_header, step_rows, ["r", "r", "l"] + ["r"] * (len(step_header) - 3)))
     md.append("")
     md.append("Fitted slope of log10(time) against log10(n), whole process and fit alone (target: at most 1.0):")
     md.append("")
     keys = sorted(set(slopes) | set(fit_slopes))
-    md.append(bc.markdown_table(["d", "job", "slope (whole)", "slope (fit)"],
+    md.append(bh.markdown_table(["d", "job", "slope (whole)", "slope (fit)"],
                                 [[d, j, _f(slopes.get((d, j)), "{:.2f}"), _f(fit_slopes.get((d, j)), "{:.2f}")] for d, j in keys],
                                 ["r", "l", "r", "r"]))
     md.append("")
@@ -903,6 +695,16 @@ def write_whole_outputs(results, args, out_dir: Path, elapsed: float) -> None:
 
 
 # ---------------------------------------------------------------------------
+
+
+def _progress_head(row: dict) -> str:
+    return f"n={row['n']:.0e} d={row['d']} {row['job']}" + (f" {row['route']}" if row["route"] else "")
+
+
+def _progress_passes(row: dict) -> str:
+    extra = f" (limit {row['passes_limit']})" if row["passes_limit"] != "" else ""
+    extra += f", fallback thresholds {row['fallback_thresholds']}" if row["fallback_thresholds"] else ""
+    return f"{row['spark_passes']}{extra}"
 
 
 def _previous(args, csv_name: str, meta_name: str):
@@ -971,86 +773,54 @@ def main(argv=None) -> int:
 
 def fit_main(args) -> int:
     from dpspark.privacy.domain import Domain
-    from dpspark.session import build_session
 
     t_start = time.perf_counter()
     previous, args.commands = _previous(args, "scale.csv", "meta.json")
-    spark = build_session(master=MASTER, app_name="dpspark-bench-scale", testing=True, conf=SPARK_CONF)
-    args.driver_memory = spark.sparkContext.getConf().get("spark.driver.memory", "?")
-    jvm = find_jvm(os.getpid())
     workdir = Path(tempfile.mkdtemp(prefix="dpspark_bench_scale_"))
     results = []
-    try:
-        # Warm-up (JIT, Python workers, Delta log, MLlib classes): not measured (skipped by --quick).
-        if not args.quick:
-            wpath = str(workdir / "warm")
-            make_table(spark, wpath, 5000, 2, args.seed + 99, 2)
-            wdf = spark.read.format("delta").load(wpath)
-            wdom = Domain(dim=2, lower=(-BOX, -BOX), upper=(BOX, BOX))
-            for job in args.jobs:
-                try:
-                    run_job(job, spark, wdf, wdom, ("x0", "x1"), 1, mllib_tol=args.mllib_tol)
-                except Exception as exc:  # the measured run reports it
-                    log.warning("warm-up %s failed: %r", job, exc)
-        for d in args.d:
-            domain = Domain(dim=d, lower=(-BOX,) * d, upper=(BOX,) * d)
-            features = tuple(f"x{j}" for j in range(d))
-            for n in args.n:
-                path = str(workdir / f"points_{n}_{d}")
-                t0 = time.perf_counter()
-                means = make_table(spark, path, n, d, args.seed, args.partitions)
-                print(f"bench_scale: wrote n={n:.0e} d={d} in {time.perf_counter() - t0:.1f} s", flush=True)
-                df = spark.read.format("delta").load(path)
-                sample = None
+    with bh.session("dpspark-bench-scale") as spark:
+        args.driver_memory = spark.sparkContext.getConf().get("spark.driver.memory", "?")
+        jvm = bh.find_jvm(os.getpid())
+        try:
+            # Warm-up (JIT, Python workers, Delta log, MLlib classes): not measured (skipped by --quick).
+            if not args.quick:
+                wpath = str(workdir / "warm")
+                make_table(spark, wpath, 5000, 2, args.seed + 99, 2)
+                wdf = spark.read.format("delta").load(wpath)
+                wdom = Domain(dim=2, lower=(-BOX, -BOX), upper=(BOX, BOX))
                 for job in args.jobs:
-                    row = {"n": n, "d": d, "job": job, "error": "", "cost_ratio_vs_true_means": "", "passes_limit": "",
-                           "fallback_thresholds": "", "max_histogram": "", "histogram_jobs": "", "route": ""}
-                    timer = None
-                    if args.job_timeout:
-                        timer = threading.Timer(args.job_timeout, spark.sparkContext.cancelAllJobs)
-                        timer.daemon = True
-                    out = None
-                    with PeakMemory(jvm) as mem:
-                        t0 = time.perf_counter()
-                        if timer is not None:
-                            timer.start()
-                        try:
-                            out = run_job(job, spark, df, domain, features, args.seed, tiny=args.quick,
-                                          mllib_tol=args.mllib_tol)
-                        except Exception as exc:
-                            row["error"] = repr(exc)[:300]
-                        finally:
-                            if timer is not None:
-                                timer.cancel()
-                        wall = time.perf_counter() - t0
-                    if row["error"] and args.job_timeout and wall >= args.job_timeout:
-                        row["error"] = f"timed out: Spark jobs cancelled after {args.job_timeout:.0f} s"
-                    out = out or {"centers": None, "passes": "", "source": "", "epsilon_spent": float("nan")}
-                    row.update(wall_s=wall, spark_passes=out["passes"], passes_source=out["source"],
-                               py_peak_mb=mem.py_peak_mb, jvm_peak_mb=mem.jvm_peak_mb, us_per_point=wall / n * 1e6,
-                               epsilon_spent=out["epsilon_spent"],
-                               **{k: out[k] for k in ("passes_limit", "fallback_thresholds", "max_histogram",
-                                                      "histogram_jobs", "route") if k in out})
-                    centers = out["centers"]
-                    if centers is not None and not (args.no_utility or args.quick):
-                        if sample is None:
-                            sample = utility_sample(df, domain, n)
-                            base = bc.kmeans_cost(sample, domain.clip_to_unit(means))
-                        row["cost_ratio_vs_true_means"] = bc.kmeans_cost(sample, domain.clip_to_unit(centers)) / base
-                    results.append(row)
-                    extra = f" (limit {row['passes_limit']})" if row["passes_limit"] != "" else ""
-                    extra += f", fallback thresholds {row['fallback_thresholds']}" if row["fallback_thresholds"] else ""
-                    print(f"  n={n:.0e} d={d} {job}{' ' + row['route'] if row['route'] else ''}: {wall:.1f} s, "
-                          f"passes {row['spark_passes']}{extra}, py {mem.py_peak_mb:.0f} MB, "
-                          f"jvm {mem.jvm_peak_mb:.0f} MB {row['error']}", flush=True)
-                shutil.rmtree(path, ignore_errors=True)
-                # Partial report after every (n, d): a cut-short run still leaves its tables.
-                write_outputs(_merge(previous, results), args, args.out,
-                              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, jvm, time.perf_counter() - t_start)
-    finally:
-        py_lifetime_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        spark.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+                    try:
+                        run_job(job, spark, wdf, wdom, ("x0", "x1"), 1, mllib_tol=args.mllib_tol)
+                    except Exception as exc:  # the measured run reports it
+                        log.warning("warm-up %s failed: %r", job, exc)
+            for d in args.d:
+                domain = Domain(dim=d, lower=(-BOX,) * d, upper=(BOX,) * d)
+                features = tuple(f"x{j}" for j in range(d))
+                for n in args.n:
+                    path = str(workdir / f"points_{n}_{d}")
+                    t0 = time.perf_counter()
+                    means = make_table(spark, path, n, d, args.seed, args.partitions)
+                    print(f"bench_scale: wrote n={n:.0e} d={d} in {time.perf_counter() - t0:.1f} s", flush=True)
+                    df = spark.read.format("delta").load(path)
+                    sample = None
+                    for job in args.jobs:
+                        row, centers, mem = measure_fit(job, spark, jvm, df, domain, features, n, args)
+                        if centers is not None and not (args.no_utility or args.quick):
+                            if sample is None:
+                                sample = utility_sample(df, domain, n)
+                                base = bc.kmeans_cost(sample, domain.clip_to_unit(means))
+                            row["cost_ratio_vs_true_means"] = bc.kmeans_cost(sample, domain.clip_to_unit(centers)) / base
+                        results.append(row)
+                        print(f"  {_progress_head(row)}: {row['wall_s']:.1f} s, "
+                              f"passes {_progress_passes(row)}, py {mem.py_peak_mb:.0f} MB, "
+                              f"jvm {mem.jvm_peak_mb:.0f} MB {row['error']}", flush=True)
+                    shutil.rmtree(path, ignore_errors=True)
+                    # Partial report after every (n, d): a cut-short run still leaves its tables.
+                    write_outputs(_merge(previous, results), args, args.out,
+                                  bh.lifetime_peak_mb(), jvm, time.perf_counter() - t_start)
+        finally:
+            py_lifetime_mb = bh.lifetime_peak_mb()
+            shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.perf_counter() - t_start
     write_outputs(_merge(previous, results), args, args.out, py_lifetime_mb, jvm, elapsed)
     print(f"bench_scale: wrote {args.out}/results.md and scale.csv in {elapsed:.0f} s")
@@ -1059,55 +829,50 @@ def fit_main(args) -> int:
 
 def whole_main(args) -> int:
     from dpspark.privacy.domain import Domain
-    from dpspark.session import build_session
 
     t_start = time.perf_counter()
     previous, args.commands = _previous(args, "whole.csv", "whole_meta.json")
-    # This session only writes the tables and reads the children's small outputs: little memory.
-    spark = build_session(master=MASTER, app_name="dpspark-bench-scale-tables", testing=True,
-                          conf={**SPARK_CONF, "spark.driver.memory": args.bench_driver_memory})
     workdir = Path(tempfile.mkdtemp(prefix="dpspark_bench_scale_whole_"))
     results = []
-    try:
-        if not args.quick:
-            warm_up_whole(spark, args, workdir)
-        for d in args.d:
-            domain = Domain(dim=d, lower=(-BOX,) * d, upper=(BOX,) * d)
-            for n in args.n:
-                path = str(workdir / f"points_{n}_{d}")
-                t0 = time.perf_counter()
-                means = make_table(spark, path, n, d, args.seed, args.partitions)
-                print(f"bench_scale: wrote n={n:.0e} d={d} in {time.perf_counter() - t0:.1f} s", flush=True)
-                sample = base = None
-                if not (args.no_utility or args.quick):
-                    sample = utility_sample(spark.read.format("delta").load(path), domain, n)
-                    base = bc.kmeans_cost(sample, domain.clip_to_unit(means))
-                cell = []
-                for seq, job in enumerate(whole_sequence(args.jobs, args.reps)):
-                    row, centers = whole_job(spark, job, seq, n, d, path, workdir / f"cell_{n}_{d}", args)
-                    if centers is not None and sample is not None:
-                        row["cost_ratio_vs_true_means"] = bc.kmeans_cost(sample, domain.clip_to_unit(centers)) / base
-                    cell.append(row)
-                    extra = f" (limit {row['passes_limit']})" if row["passes_limit"] != "" else ""
-                    extra += f", fallback thresholds {row['fallback_thresholds']}" if row["fallback_thresholds"] else ""
-                    print(f"  n={n:.0e} d={d} {job}{' ' + row['route'] if row['route'] else ''}: whole "
-                          f"{row['wall_whole_s']:.1f} s, fit {_f(row['fit_s'])} s, passes {row['spark_passes']}{extra}, "
-                          f"py {_f(row['py_peak_mb'], '{:.0f}')} MB, jvm {_f(row['jvm_peak_mb'], '{:.0f}')} MB, "
-                          f"tree {_f(row['tree_peak_mb'], '{:.0f}')} MB {row['error']}", flush=True)
-                pair_with_mllib(cell)
-                for r in cell:
-                    if r["job"] != "mllib" and np.isfinite(r["ratio_whole"]):
-                        print(f"  n={n:.0e} d={d} {r['job']}: {r['ratio_whole']:.2f}x MLlib's whole process "
-                              f"({r['wall_whole_s']:.1f} s vs {r['mllib_whole_s']:.1f} s)", flush=True)
-                results.extend(cell)
-                shutil.rmtree(path, ignore_errors=True)
-                write_whole_outputs(_merge_whole(previous, results, args.add_to_cells), args, args.out, time.perf_counter() - t_start)
-    finally:
-        spark.stop()
-        if args.keep_outputs:
-            print(f"bench_scale: kept every process's config, logs and outputs under {workdir}", flush=True)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+    # This session only writes the tables and reads the children's small outputs: little memory.
+    with bh.session("dpspark-bench-scale-tables", conf={**SPARK_CONF, "spark.driver.memory": args.bench_driver_memory}) as spark:
+        try:
+            if not args.quick:
+                warm_up_whole(spark, args, workdir)
+            for d in args.d:
+                domain = Domain(dim=d, lower=(-BOX,) * d, upper=(BOX,) * d)
+                for n in args.n:
+                    path = str(workdir / f"points_{n}_{d}")
+                    t0 = time.perf_counter()
+                    means = make_table(spark, path, n, d, args.seed, args.partitions)
+                    print(f"bench_scale: wrote n={n:.0e} d={d} in {time.perf_counter() - t0:.1f} s", flush=True)
+                    sample = base = None
+                    if not (args.no_utility or args.quick):
+                        sample = utility_sample(spark.read.format("delta").load(path), domain, n)
+                        base = bc.kmeans_cost(sample, domain.clip_to_unit(means))
+                    cell = []
+                    for seq, job in enumerate(whole_sequence(args.jobs, args.reps)):
+                        row, centers = whole_job(spark, job, seq, n, d, path, workdir / f"cell_{n}_{d}", args)
+                        if centers is not None and sample is not None:
+                            row["cost_ratio_vs_true_means"] = bc.kmeans_cost(sample, domain.clip_to_unit(centers)) / base
+                        cell.append(row)
+                        print(f"  {_progress_head(row)}: whole "
+                              f"{row['wall_whole_s']:.1f} s, fit {_f(row['fit_s'])} s, passes {_progress_passes(row)}, "
+                              f"py {_f(row['py_peak_mb'], '{:.0f}')} MB, jvm {_f(row['jvm_peak_mb'], '{:.0f}')} MB, "
+                              f"tree {_f(row['tree_peak_mb'], '{:.0f}')} MB {row['error']}", flush=True)
+                    pair_with_mllib(cell)
+                    for r in cell:
+                        if r["job"] != "mllib" and np.isfinite(r["ratio_whole"]):
+                            print(f"  n={n:.0e} d={d} {r['job']}: {r['ratio_whole']:.2f}x MLlib's whole process "
+                                  f"({r['wall_whole_s']:.1f} s vs {r['mllib_whole_s']:.1f} s)", flush=True)
+                    results.extend(cell)
+                    shutil.rmtree(path, ignore_errors=True)
+                    write_whole_outputs(_merge_whole(previous, results, args.add_to_cells), args, args.out, time.perf_counter() - t_start)
+        finally:
+            if args.keep_outputs:
+                print(f"bench_scale: kept every process's config, logs and outputs under {workdir}", flush=True)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.perf_counter() - t_start
     write_whole_outputs(_merge_whole(previous, results, args.add_to_cells), args, args.out, elapsed)
     print(f"bench_scale: wrote {args.out}/whole.md and whole.csv in {elapsed:.0f} s")

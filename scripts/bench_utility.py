@@ -58,7 +58,7 @@ Noise: secure (OpenDP) noise for dpspark, unseeded peers, unless ``--seeded`` (r
 from __future__ import annotations
 
 import argparse
-import csv
+import contextlib
 import json
 import logging
 import math
@@ -77,6 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
+import bench_harness as bh  # noqa: E402
 
 ROOT = bc.ROOT
 DEFAULT_OUT = ROOT / "bench" / "results" / "utility"
@@ -107,11 +108,6 @@ NONPRIVATE = "nonprivate"
 FULL_DATASETS = ["s1", "a3", "birch2", "unbalance", "skin_segmentation", "blood_transfusion", "tripadvisor_review",
                  "electrical_grid_stability", "adult", "google_review_ratings", "credit_card_clients"]
 QUICK_DATASETS = ["blood_transfusion"]
-LOADERS = {f.__name__.replace("load_", ""): f for f in bc.ALL_LOADERS}
-LOADER_ALIASES = {"s1": "s1", "unbalance": "unbalance", "blood_transfusion": "blood_transfusion",
-                  "tripadvisor_review": "tripadvisor", "electrical_grid_stability": "electrical_grid",
-                  "adult": "adult", "google_review_ratings": "google_reviews", "credit_card_clients": "credit_card",
-                  "a3": "a3", "birch2": "birch2", "skin_segmentation": "skin"}
 
 CSV_COLUMNS = ["dataset", "n", "d", "k", "method", "epsilon", "runs", "cost_ratio_median", "cost_ratio_q25",
                "cost_ratio_q75", "nicv_median", "nicv_q25", "nicv_q75", "epsilon_spent", "delta_spent", "failures"]
@@ -124,7 +120,7 @@ log = logging.getLogger("bench_utility")
 
 
 def load_dataset(name: str, max_rows: int | None, seed: int = 0) -> dict:
-    _, x, k = LOADERS[LOADER_ALIASES[name]]()
+    _, x, k = bc.LOADERS_BY_NAME[name]()
     n_full = x.shape[0]
     if max_rows and x.shape[0] > max_rows:
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
@@ -269,10 +265,15 @@ def _init_worker(specs):
         _DATA[name] = load_dataset(name, max_rows)
 
 
+def task_seed(*parts) -> int:
+    """The seed of one run with --seeded (reproducible, NOT private)."""
+    return zlib.crc32("|".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
+
+
 def run_task(task) -> dict:
     name, method, eps, rep, seeded = task
     ds = _DATA[name]
-    seed = (zlib.crc32(f"{name}|{method}|{eps}|{rep}".encode()) & 0x7FFFFFFF) if seeded else None
+    seed = task_seed(name, method, eps, rep) if seeded else None
     t0 = time.perf_counter()
     row = {"dataset": name, "method": method, "epsilon": eps, "rep": rep}
     try:
@@ -292,22 +293,17 @@ class SparkEngine:
 
     def __init__(self):
         self.spark = None
+        self._session = contextlib.ExitStack()
 
     def run(self, ds: dict, tasks) -> list[dict]:
-        import pandas as pd
-
         if self.spark is None:
-            from dpspark.session import build_session
-
             logging.disable(logging.WARNING)
-            self.spark = build_session(master="local[2]", testing=True, conf={"spark.sql.shuffle.partitions": "4"})
-        cols = [f"f{j}" for j in range(ds["x"].shape[1])]
-        frame = self.spark.createDataFrame(pd.DataFrame(ds["x"], columns=cols)).repartition(2).cache()
-        frame.count()
+            self.spark = self._session.enter_context(bh.session("dpspark-bench-utility"))
+        frame = bh.cached_frame(self.spark, ds["x"], [f"f{j}" for j in range(ds["x"].shape[1])], 2)
         rows = []
         try:
             for name, method, eps, rep, seeded in tasks:
-                seed = (zlib.crc32(f"{name}|{method}|{eps}|{rep}".encode()) & 0x7FFFFFFF) if seeded else None
+                seed = task_seed(name, method, eps, rep) if seeded else None
                 t0 = time.perf_counter()
                 row = {"dataset": name, "method": method, "epsilon": eps, "rep": rep}
                 try:
@@ -330,9 +326,8 @@ class SparkEngine:
         return rows
 
     def stop(self):
-        if self.spark is not None:
-            self.spark.stop()
-            self.spark = None
+        self._session.close()
+        self.spark = None
 
 
 # ---------------------------------------------------------------------------
@@ -406,24 +401,32 @@ def _venv_with(venv: Path, installs, ok, status: dict) -> Path | None:
     return None
 
 
+def run_runner(py: Path, label: str, source: str, workdir: Path, spec: dict, stem: str, pythonpath: str | None = None) -> dict:
+    """A peer's runner script (``source``) with the peer venv's python ``py`` on ``spec``, as
+    ``<label>_runner.py <stem>.spec.json`` in ``workdir``: the JSON it writes to ``spec["out"]``."""
+    runner = workdir / f"{label}_runner.py"
+    runner.write_text(source)
+    sp = workdir / f"{stem}.spec.json"
+    sp.write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["OMP_NUM_THREADS"] = "1"
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    r = subprocess.run([str(py), str(runner), str(sp)], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"{label} runner failed: {r.stderr[-800:]}")
+    return json.loads(Path(spec["out"]).read_text())
+
+
 def run_peer(py: Path, ds: dict, epsilons, reps: int, seeded: bool, workdir: Path) -> tuple[list[dict], dict]:
     workdir.mkdir(parents=True, exist_ok=True)
     xp = workdir / f"{ds['name']}.npy"
     np.save(xp, ds["x"])
-    runner = workdir / "peer_runner.py"
-    runner.write_text(PEER_RUNNER)
-    tasks = [[e, r, (zlib.crc32(f"{ds['name']}|peer|{e}|{r}".encode()) & 0x7FFFFFFF) if seeded else None]
+    tasks = [[e, r, task_seed(ds["name"], "peer", e, r) if seeded else None]
              for e in epsilons for r in range(reps)]
     spec = {"x": str(xp), "lo": ds["lo"].tolist(), "hi": ds["hi"].tolist(), "k": ds["k"], "tasks": tasks,
             "out": str(workdir / f"{ds['name']}.peer.json")}
-    sp = workdir / f"{ds['name']}.spec.json"
-    sp.write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["OMP_NUM_THREADS"] = "1"
-    r = subprocess.run([str(py), str(runner), str(sp)], capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise RuntimeError(f"peer runner failed: {r.stderr[-800:]}")
-    out = json.loads(Path(spec["out"]).read_text())
+    out = run_runner(py, "peer", PEER_RUNNER, workdir, spec, ds["name"])
     rows = []
     for run in out["runs"]:
         row = {"dataset": ds["name"], "method": PEER, "epsilon": run["epsilon"], "rep": run["rep"], "seconds": run["seconds"],
@@ -520,19 +523,10 @@ def run_google_peer(py: Path, ds: dict, epsilons, reps: int, seeded: bool, workd
     workdir.mkdir(parents=True, exist_ok=True)
     xp = workdir / f"{ds['name']}.unit.npy"
     np.save(xp, ds["unit"])
-    runner = workdir / "google_runner.py"
-    runner.write_text(GOOGLE_RUNNER)
-    tasks = [[e, r, (zlib.crc32(f"{ds['name']}|{GOOGLE}|{e}|{r}".encode()) & 0x7FFFFFFF) if seeded else None]
+    tasks = [[e, r, task_seed(ds["name"], GOOGLE, e, r) if seeded else None]
              for e in epsilons for r in range(reps)]
     spec = {"x": str(xp), "k": ds["k"], "delta": DELTA, "tasks": tasks, "out": str(workdir / f"{ds['name']}.google.json")}
-    sp = workdir / f"{ds['name']}.google.spec.json"
-    sp.write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(PYTHONPATH=str(GOOGLE_PATH), OMP_NUM_THREADS="1")
-    r = subprocess.run([str(py), str(runner), str(sp)], capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise RuntimeError(f"google runner failed: {r.stderr[-800:]}")
-    out = json.loads(Path(spec["out"]).read_text())
+    out = run_runner(py, "google", GOOGLE_RUNNER, workdir, spec, f"{ds['name']}.google", pythonpath=str(GOOGLE_PATH))
     rows = []
     for run in out["runs"]:
         row = {"dataset": ds["name"], "method": GOOGLE, "epsilon": run["epsilon"], "rep": run["rep"],
@@ -593,11 +587,7 @@ def cell(r, metric) -> str:
 
 
 def write_plots(summary, datasets, out_dir: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = bh.pyplot()
     files = []
     for ds in datasets:
         rows = [r for r in summary if r["dataset"] == ds["name"] and r["method"] != NONPRIVATE
@@ -685,7 +675,7 @@ def peer_section(peer_meta: dict, datasets: list[dict]) -> tuple[str, list[dict]
             if eps == e1:
                 table.append([ds["name"], d, ds["n"], f"{c:.3f}", f"{eps:g}", a["T"], f"{a['calibrated']:.4g}",
                               f"{a['calibrated'] / eps:.3f}", f"{a['add_remove']:.4g}", f"{a['replace_one']:.4g}", f"{eps:g}"])
-    lines.append(bc.markdown_table(header, table, ["l"] + ["r"] * 10))
+    lines.append(bh.markdown_table(header, table, ["l"] + ["r"] * 10))
     lines.append("")
     lines.append("The ratio actual/nominal does not depend on eps or T (every eps in `peer_privacy.csv`). "
                  "Formula check for other d: d=2: 0.905, d=10: 1.212, d=24: 1.623.")
@@ -784,7 +774,7 @@ def targets_markdown(targets: list[dict], summary: list[dict]) -> str:
                      f"{num(t['best_explicit'])} ({t['best_explicit_method']})" if t["best_explicit_method"] else "-",
                      num(t["diffprivlib"], t["dataset"], PEER), num(t["google_lsh"], t["dataset"], GOOGLE),
                      _verdict(t["a"]), _verdict(t["b"]), c])
-    return bc.markdown_table(header, rows, ["l", "r", "r", "r", "r", "l", "l", "l"])
+    return bh.markdown_table(header, rows, ["l", "r", "r", "r", "r", "l", "l", "l"])
 
 
 def readme_markdown(targets: list[dict], datasets: list[dict], reps: str) -> str:
@@ -802,18 +792,11 @@ def readme_markdown(targets: list[dict], datasets: list[dict], reps: str) -> str
             f"k-means++ best of 10; 1 = as good, lower is better; {reps} runs per cell; data scaled to [-1, 1]^d with "
             "public per-column bounds). diffprivlib at its nominal epsilon (it really spends a different one, see "
             "bench/results/utility/results.md); google_lsh and maxcover spend delta = 1e-6.\n\n"
-            + bc.markdown_table(["dataset", "auto", "best explicit dpspark", "diffprivlib", "google_lsh"], rows,
+            + bh.markdown_table(["dataset", "auto", "best explicit dpspark", "diffprivlib", "google_lsh"], rows,
                                 ["l", "r", "r", "r", "r"]) + "\n")
 
 
 RUN_COLUMNS = ["dataset", "method", "epsilon", "rep", "cost", "epsilon_spent", "delta_spent", "seconds", "error", "info"]
-
-
-def _float(v) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return float("nan")
 
 
 def load_state(out_dir: Path | None) -> dict:
@@ -829,12 +812,9 @@ def load_state(out_dir: Path | None) -> dict:
                   flush=True)
         return state
     state["datasets"] = json.loads((out_dir / "datasets.json").read_text())
-    with open(out_dir / "runs.csv", newline="") as fh:
-        for r in csv.DictReader(fh):
-            state["runs"].append({"dataset": r["dataset"], "method": r["method"], "epsilon": float(r["epsilon"]),
-                                  "rep": int(r["rep"]), "cost": _float(r["cost"]), "epsilon_spent": _float(r["epsilon_spent"]),
-                                  "delta_spent": _float(r["delta_spent"]), "seconds": _float(r["seconds"]),
-                                  "error": r["error"] or "", "info": r["info"] or ""})
+    for r in bh.read_csv(out_dir / "runs.csv", ints=("rep",),
+                         floats=("epsilon", "cost", "epsilon_spent", "delta_spent", "seconds")):
+        state["runs"].append({**{c: r[c] for c in RUN_COLUMNS}, "error": r["error"] or "", "info": r["info"] or ""})
     if (out_dir / "peers.json").exists():
         state["peers"].update(json.loads((out_dir / "peers.json").read_text()))
     if (out_dir / "meta.json").exists():
@@ -859,31 +839,22 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
     datasets = [state["datasets"][n] for n in ordered(state["datasets"])]
     names = [ds["name"] for ds in datasets]
     invocations = state["invocations"]
-    with open(out_dir / "runs.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=RUN_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(sorted(runs, key=lambda r: (ordered(names).index(r["dataset"]) if r["dataset"] in names else 99,
-                                                method_order(r["method"]), r["epsilon"], r["rep"])))
+    bh.write_csv(out_dir / "runs.csv", sorted(runs, key=lambda r: (ordered(names).index(r["dataset"]) if r["dataset"] in names
+                                                                   else 99, method_order(r["method"]), r["epsilon"], r["rep"])),
+                 RUN_COLUMNS)
     (out_dir / "datasets.json").write_text(json.dumps(state["datasets"], indent=1))
     (out_dir / "peers.json").write_text(json.dumps(state["peers"], indent=1, default=str))
     summary = summarize(runs, datasets)
-    with open(out_dir / "summary.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        for r in summary:
-            w.writerow({c: r[c] for c in CSV_COLUMNS})
+    bh.write_csv(out_dir / "summary.csv", summary, CSV_COLUMNS)
     plots = write_plots(summary, datasets, out_dir)
     all_eps = sorted({r["epsilon"] for r in runs})
     peer_md, peer_rows = peer_section(state["peers"][PEER], datasets)
     if peer_rows:
-        with open(out_dir / "peer_privacy.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(peer_rows[0]))
-            w.writeheader()
-            w.writerows(peer_rows)
+        bh.write_csv(out_dir / "peer_privacy.csv", peer_rows)
     targets = target_rows(summary, names)
     reps = sorted({str(inv["reps"]) for inv in invocations}) or ["?"]
     (out_dir / "readme_table.md").write_text(readme_markdown(targets, datasets, "/".join(reps)))
-    m = bc.machine_description()
+    m = bh.machine_description()
     md = ["# Utility benchmark: dpspark (auto and every family) vs non-private k-means, diffprivlib and Google's LSH "
           "clustering", ""]
     md.append(f"{len(runs)} DP runs from {len(invocations)} invocation(s) appended into one table (`--append`):")
@@ -957,7 +928,7 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
             else:
                 row.append(f"{cell(r, 'cost_ratio')} ({g(r['nicv_median'])})")
         trows.append(row)
-    md.append(bc.markdown_table(header, trows, ["l"] + ["r"] * len(datasets)))
+    md.append(bh.markdown_table(header, trows, ["l"] + ["r"] * len(datasets)))
     md.append("")
     for ds in datasets:
         md.append(f"## {ds['name']} (n={ds['n']}, d={ds['d']}, k={ds['k']})")
@@ -980,7 +951,7 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
                     row.append("-" if r is None else cell(r, metric) + (f" ({r['failures']} failed)" if r["failures"] else ""))
                 row.append(g(np.median(secs)) if secs and metric == "cost_ratio" else "")
                 trows.append(row)
-        md.append(bc.markdown_table(header, trows, ["l", "l"] + ["r"] * (len(eps_list) + 1)))
+        md.append(bh.markdown_table(header, trows, ["l", "l"] + ["r"] * (len(eps_list) + 1)))
         md.append("")
         md.append(f"Non-private NICV: {g(ds['baseline'] / ds['n'], 4)}.")
         routes = {}
@@ -1048,7 +1019,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", choices=["numpy", "spark"], default=None, help="default spark (--quick: numpy)")
     ap.add_argument("--seeded", action="store_true", help="reproducible, NOT private noise (testing aid)")
     args = ap.parse_args(argv)
-    command = "python scripts/bench_utility.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = bh.command_line("bench_utility.py", argv)
     if args.quick:
         args.datasets = args.datasets or QUICK_DATASETS
         args.epsilons = args.epsilons or [0.5, 2.0]
@@ -1061,9 +1032,9 @@ def main(argv=None) -> int:
     args.reps = args.reps or 5
     args.methods = args.methods or DP_METHODS
     args.engine = args.engine or "spark"
-    unknown = [n for n in args.datasets if n not in LOADER_ALIASES]
+    unknown = [n for n in args.datasets if n not in bc.LOADERS_BY_NAME]
     if unknown:
-        ap.error(f"unknown datasets {unknown}; known: {sorted(LOADER_ALIASES)}")
+        ap.error(f"unknown datasets {unknown}; known: {sorted(bc.LOADERS_BY_NAME)}")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     t0 = time.perf_counter()
     state = load_state(args.out if args.append else None)

@@ -1,7 +1,12 @@
-"""Smoke test of the benchmark scripts' --quick modes (issues 6, 7): they run end to end and write their tables.
+"""Smoke test of the benchmark scripts' --quick forms (issues 6, 7, 30): every bench command of
+docs/benchmarks.md still runs end to end and writes its table (columns and rows asserted).
 
-Runs each script as a subprocess with this interpreter (the project's venv). Budget: about 90 s in total
-(bench_scale --quick starts a local SparkSession; bench_utility --quick --no-peer is numpy only).
+bench_utility and bench_ldp (numpy) run as their own subprocesses. Every other script runs in ONE
+shared subprocess (``shared`` below): the numpy ones first, then one local SparkSession that the
+Spark scripts share (``bench_harness.session`` reuses an active session and leaves it running), so
+the JVM starts once; the whole-process forms (bench_scale --whole, bench_pipeline) start their own
+children. The shared forms are tinier than --quick alone where the point is "it still runs" (one
+method, one family, one pipeline case).
 
 The quick modes read two real files from ``../shared/datasets`` (blood_transfusion.csv and
 Skin_NonSkin.txt.gz), as CI lays it out. A clone without ``../shared`` beside it gets seeded
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +64,7 @@ def datasets(tmp_path_factory) -> Path:
 
 def _run(args, timeout, datasets: Path | None = None):
     env = dict(os.environ, DPSPARK_DATASETS=str(datasets)) if datasets is not None else None
+    env = {k: v for k, v in (env or os.environ).items() if k != "DPSPARK_LEDGER"}  # the benchmarks run without one
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"{args[0]} exited {proc.returncode}\nstdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-3000:]}"
     return proc
@@ -128,20 +135,6 @@ def test_bench_utility_targets():
     assert md.count("FAIL") == 4 and "(0.5: FAIL, 2: pass)" in md and "n/a" in md  # x: (c) and its eps 0.5; y: (a), (b)
 
 
-def test_bench_scale_quick(tmp_path):
-    _run([str(SCRIPTS / "bench_scale.py"), "--quick", "--out", str(tmp_path)], timeout=240)
-    cols, rows = _rows(tmp_path / "scale.csv")
-    assert SCALE_COLUMNS <= set(cols)
-    assert {r["job"] for r in rows} == {"maxcover", "dplloyd", "ldp", "mllib"}
-    assert {int(r["n"]) for r in rows} == {20_000, 50_000}
-    for r in rows:
-        assert r["error"] == "", r
-        assert float(r["wall_s"]) > 0 and float(r["jvm_peak_mb"]) > 0 and float(r["py_peak_mb"]) > 0
-        if r["job"] == "maxcover":  # from fit's operational dict (pass counts are no longer on the model)
-            assert int(r["spark_passes"]) >= 2, r
-    assert (tmp_path / "results.md").exists() and (tmp_path / "time_vs_n.png").exists()
-
-
 def test_bench_ldp_quick(tmp_path, datasets):
     _run([str(SCRIPTS / "bench_ldp.py"), "--quick", "--out", str(tmp_path)], timeout=180, datasets=datasets)
     _, rows = _rows(tmp_path / "results.csv")
@@ -155,3 +148,149 @@ def test_bench_ldp_quick(tmp_path, datasets):
     md = (tmp_path / "summary.md").read_text()
     assert "Exponent" in md and "ldp (local)" in md
     assert (tmp_path / "error_vs_n.png").exists() and (tmp_path / "ratio_vs_n.png").exists()
+
+
+# ---------------------------------------------------------------------------
+# The shared subprocess: numpy scripts, then the Spark scripts on one session
+
+SHARED_DRIVER = r"""
+import importlib, json, sys, time, traceback
+plan, status_path = json.loads(sys.argv[1]), sys.argv[2]
+status = {}
+for name, module, argv, spark in plan:
+    if spark and "session" not in status:
+        from dpspark.session import build_session
+        t0 = time.perf_counter()
+        build_session(master="local[2]", app_name="bench-quick", testing=True, conf={"spark.sql.shuffle.partitions": "4"})
+        status["session"] = {"status": "ok", "seconds": round(time.perf_counter() - t0, 1)}
+    t0 = time.perf_counter()
+    try:
+        rc = importlib.import_module(module).main(argv)
+        outcome = "ok" if rc in (0, None) else f"main returned {rc}"
+    except BaseException:  # SystemExit too: report it, run the next script
+        outcome = traceback.format_exc()
+    status[name] = {"status": outcome, "seconds": round(time.perf_counter() - t0, 1)}
+    print(f"bench-quick: {name} {status[name]['seconds']} s: {outcome[:200]}", flush=True)
+    with open(status_path, "w") as fh:
+        json.dump(status, fh)
+"""
+
+
+def _shared_plan(out: Path) -> list:
+    """(name, module, argv, needs the session): each bench command of docs/benchmarks.md in its CI form."""
+    return [
+        ("dplloyd", "bench_dplloyd", ["--quick", "--seeded", "--out", str(out / "dplloyd")], False),
+        ("tune", "tune_maxcover_candidates", ["--quick", "--out", str(out / "tune" / "tuning.md")], False),
+        ("scale", "bench_scale", ["--quick", "--out", str(out / "scale")], True),
+        ("dplloyd_speed", "bench_dplloyd_speed", ["--quick", "--out", str(out / "dplloyd_speed.md")], True),
+        ("maxcover", "bench_maxcover", ["--quick", "--seeded", "--methods", "maxcover kmeans private",
+                                        "--out", str(out / "maxcover")], True),
+        ("maxcover_speed", "bench_maxcover", ["--quick", "--speed", "--candidate-count", "200",
+                                              "--out", str(out / "maxcover")], True),
+        ("scale_whole", "bench_scale", ["--whole", "--quick", "--jobs", "dplloyd", "--out", str(out / "whole")], True),
+        ("pipeline", "bench_pipeline", ["--quick", "--no-mllib", "--cases", "no-op re-run",
+                                        "--out", str(out / "pipeline")], True),
+        ("utility_spark", "bench_utility", ["--quick", "--no-peer", "--engine", "spark", "--methods", "auto",
+                                            "--epsilons", "1", "--reps", "1", "--out", str(out / "utility")], True),
+    ]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, datasets) -> tuple[Path, dict]:
+    """Run the shared subprocess once: (its output folder, each script's status and seconds)."""
+    out = tmp_path_factory.mktemp("bench-quick")
+    status_path = out / "status.json"
+    env = {k: v for k, v in os.environ.items() if k != "DPSPARK_LEDGER"}
+    env.update(DPSPARK_DATASETS=str(datasets), PYTHONPATH=os.pathsep.join([str(SCRIPTS), str(ROOT)]))
+    proc = subprocess.run([sys.executable, "-c", SHARED_DRIVER, json.dumps(_shared_plan(out)), str(status_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
+    status = json.loads(status_path.read_text()) if status_path.exists() else {}
+    status["_log"] = f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    return out, status
+
+
+def _ran(shared, name: str) -> Path:
+    out, status = shared
+    assert status.get(name, {}).get("status") == "ok", f"{name}: {status.get(name)}\n{status['_log']}"
+    return out
+
+
+def test_bench_dplloyd_quick(shared):
+    out = _ran(shared, "dplloyd") / "dplloyd"
+    cols, rows = _rows(out / "runs.csv")
+    assert {"dataset", "epsilon", "variant", "noise", "merge", "rep", "nicv", "cost_ratio", "epsilon_spent"} <= set(cols)
+    assert {(r["dataset"], r["epsilon"]) for r in rows} == {("blood_transfusion", "1.0")}
+    assert {r["variant"] for r in rows} == {"allocation_nk", "average_nk", "average_k", "allocation_k"}
+    assert all(float(r["epsilon_spent"]) == 1.0 for r in rows)
+    assert "## Verdict" in (out / "results.md").read_text()
+
+
+def test_tune_maxcover_candidates_quick(shared):
+    md = (_ran(shared, "tune") / "tune" / "tuning.md").read_text()
+    assert "| dataset (n, k) | eps | L=5, c=0.4 |" in md and "| blood_transfusion (748, 4) | 1 |" in md
+
+
+def test_bench_scale_quick(shared):
+    out = _ran(shared, "scale") / "scale"
+    cols, rows = _rows(out / "scale.csv")
+    assert SCALE_COLUMNS <= set(cols)
+    assert {r["job"] for r in rows} == {"maxcover", "dplloyd", "ldp", "mllib"}
+    assert {int(r["n"]) for r in rows} == {20_000, 50_000}
+    for r in rows:
+        assert r["error"] == "", r
+        assert float(r["wall_s"]) > 0 and float(r["jvm_peak_mb"]) > 0 and float(r["py_peak_mb"]) > 0
+        if r["job"] == "maxcover":  # from fit's operational dict (pass counts are no longer on the model)
+            assert int(r["spark_passes"]) >= 2, r
+    assert (out / "results.md").exists() and (out / "time_vs_n.png").exists()
+
+
+def test_bench_scale_whole_quick(shared):
+    out = _ran(shared, "scale_whole") / "whole"
+    cols, rows = _rows(out / "whole.csv")
+    assert {"n", "d", "job", "wall_whole_s", "fit_s", "spark_passes", "tree_peak_mb", "exit_code", "steps", "error"} <= set(cols)
+    assert [(r["job"], r["n"], r["d"]) for r in rows] == [("dplloyd", "20000", "2")]
+    r = rows[0]
+    assert r["error"] == "" and r["exit_code"] == "0" and r["spark_passes"] == "3", r
+    assert 0 < float(r["fit_s"]) < float(r["wall_whole_s"]) and "FIT" in json.loads(r["steps"])
+    assert "| n | d | job | whole (s) | fit (s) |" in (out / "whole.md").read_text()
+
+
+def test_bench_dplloyd_speed_quick(shared):
+    md = (_ran(shared, "dplloyd_speed") / "dplloyd_speed.md").read_text()
+    assert "| job | iterations | whole fit (s) | per iteration (s) | notes |" in md
+    assert "| dplloyd `DPLloyd(variant=average_k).fit(df)` | 3 |" in md and "| MLlib `KMeans(maxIter=3" in md
+    assert "| pass | median (s) | min (s) | max (s) |" in md and "| mapInPandas |" in md and "| Spark SQL |" in md
+    assert "Identical exact aggregates in 3/3 passes" in md
+
+
+def test_bench_maxcover_quick(shared):
+    out = _ran(shared, "maxcover") / "maxcover" / "quick"
+    cols, rows = _rows(out / "utility.csv")
+    assert {"dataset", "epsilon", "method", "rep", "cost_ratio", "spark_passes", "wall_s", "epsilon_spent", "error"} <= set(cols)
+    assert [(r["dataset"], r["method"], r["epsilon"]) for r in rows] == [("skin", "maxcover kmeans private", "1.0")]
+    assert rows[0]["error"] == "" and float(rows[0]["cost_ratio"]) > 0 and int(rows[0]["spark_passes"]) >= 2
+    assert "| method | skin |" in (out / "utility.md").read_text()
+
+
+def test_bench_maxcover_speed_quick(shared):
+    md = (_ran(shared, "maxcover_speed") / "maxcover" / "quick" / "speed.md").read_text()
+    assert "| job | wall s | ratio to MLlib end to end | ratio to MLlib fit only | Spark passes |" in md
+    assert "| maxcover kmeans private |" in md and "| MLlib KMeans |" in md and "## n = 20,000" in md
+
+
+def test_bench_pipeline_quick(shared):
+    out = _ran(shared, "pipeline") / "pipeline"
+    md = (out / "results.md").read_text()
+    assert "| case | runs | wall | / MLlib | Spark start | fit | bookkeeping | errors |" in md
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["case"] for r in rows] == ["no-op re-run"]
+    assert rows[0]["exit_code"] == 0 and not rows[0].get("error") and rows[0]["wall_s"] > 0, rows[0]
+    assert "| no-op re-run | 1 |" in md
+
+
+def test_bench_utility_spark_quick(shared):
+    out = _ran(shared, "utility_spark") / "utility"
+    cols, rows = _rows(out / "summary.csv")
+    assert UTILITY_COLUMNS <= set(cols)
+    auto = [r for r in rows if r["method"] == "auto"]
+    assert len(auto) == 1 and auto[0]["failures"] == "0" and float(auto[0]["cost_ratio_median"]) >= 0.99, auto

@@ -1,6 +1,6 @@
-"""bench_scale's whole-process mode (issue 15), its pure parts: no Spark, no subprocess (fast).
+"""bench_scale's whole-process mode (issue 15) and the benchmark harness's process tools: no Spark (fast).
 
-The end-to-end smoke of ``bench_scale.py --quick`` is in test_bench_quick.py.
+The end-to-end smokes of ``bench_scale.py --quick`` and ``--whole --quick`` are in test_bench_quick.py.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import bench_harness as bh  # noqa: E402
 import bench_scale as bs  # noqa: E402
 
 from dpspark.config import validate  # noqa: E402
@@ -45,16 +46,17 @@ def test_family_config_tiny_and_unknown():
 def test_child_env_has_no_deployment_ledger(monkeypatch):
     monkeypatch.setenv("DPSPARK_LEDGER", "/somewhere/ledger")
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
-    env = bs.child_env()
+    env = bh.child_env()
     assert "DPSPARK_LEDGER" not in env and "PYSPARK_GATEWAY_PORT" not in env
 
 
 def test_mllib_command_is_the_issue_job():
-    cmd = bs.mllib_command("/t", "/o", tiny=False, seed=3, tol=0.0, fmt="delta")
+    cmd = bh.mllib_command("/t", "/o", bs.K, seed=3)
     assert cmd[1].endswith("mllib_job.py")
     args = dict(zip(cmd[2::2], cmd[3::2]))
     assert args["--k"] == "10" and args["--max-iter"] == "20" and float(args["--tol"]) == 0.0
-    assert args["--master"] == bs.MASTER and args["--input"] == "/t"
+    assert args["--master"] == bs.MASTER and args["--input"] == "/t" and args["--seed"] == "3"
+    assert args["--conf"] == "spark.sql.shuffle.partitions=4"
 
 
 def test_whole_sequence_alternates():
@@ -99,13 +101,13 @@ def test_parse_steps_reads_the_top_level_steps_only():
         "[dpspark] 12:00:12 a new runner step done in 0.25s",
         "26/12/01 00:57:54 WARN Utils: something else done in 3.00s",
     ])
-    steps = bs.parse_steps(log, "maxcover: fit")
+    steps = bh.parse_steps(log, "maxcover: fit")
     assert steps == {"start Spark session": 9.0, "pre-flight checks": 0.5, "read input table (schema and version)": 1.25,
                      "FIT": 6.0, "write centers table": 1.0, "a new runner step": 1.0}
-    assert "FIT" not in bs.parse_steps(log, "auto: fit")  # another family's fit line is not this run's
+    assert "FIT" not in bh.parse_steps(log, "auto: fit")  # another family's fit line is not this run's
     mllib = "\n".join(["[mllib_job] 12:00:00 start Spark session ...", "[mllib_job] 12:00:07 start Spark session done in 7.00s",
                        "[mllib_job] 12:00:07 fit ...", "[mllib_job] 12:00:19 fit done in 12.00s"])
-    assert bs.parse_steps(mllib, "fit") == {"start Spark session": 7.0, "FIT": 12.0}
+    assert bh.parse_steps(mllib, "fit") == {"start Spark session": 7.0, "FIT": 12.0}
     cells = bs._step_cells(json.dumps({**steps, "START": 2.0, "END": 0.5, "OUTSIDE": 0.25}))
     assert cells[0] == "2.0" and cells[-2:] == ["0.5", "0.2"] and "a new runner step 1.0" in cells
 
@@ -157,21 +159,21 @@ def test_slope():
 def test_process_phases_split_the_wall_time():
     steps = {"pre-flight checks": 1.0, "read input table (schema and version)": 2.0, "FIT": 10.0,
              "write centers table": 3.0}
-    ph = bs.process_phases(30.0, steps, first_mark=8.0, last_mark=26.0)
+    ph = bh.process_phases(30.0, steps, first_mark=8.0, last_mark=26.0)
     assert ph == {"START": 8.0, "END": 4.0, "OUTSIDE": 2.0}  # 30 - 16 covered - 8 - 4
     mllib = {"start Spark session": 5.0, "read input table (schema)": 1.0, "FIT": 9.0, "write centers table": 2.0,
              "stop Spark session": 1.0}
-    assert bs.process_phases(20.0, mllib, first_mark=1.5, last_mark=19.5) == {"START": 1.5, "END": 0.5, "OUTSIDE": 0.0}
-    ph = bs.process_phases(30.0, steps, first_mark=None, last_mark=None)
+    assert bh.process_phases(20.0, mllib, first_mark=1.5, last_mark=19.5) == {"START": 1.5, "END": 0.5, "OUTSIDE": 0.0}
+    ph = bh.process_phases(30.0, steps, first_mark=None, last_mark=None)
     assert math.isnan(ph["START"]) and math.isnan(ph["END"]) and ph["OUTSIDE"] == 14.0
 
 
 def test_step_line_pattern():
-    m = bs.STEP_LINE.match("[dpspark] 12:00:01 pre-flight checks ...")
+    m = bh.STEP_LINE.match("[dpspark] 12:00:01 pre-flight checks ...")
     assert m and m.group(1) == "pre-flight checks" and m.group(2) == "..."
-    m = bs.STEP_LINE.match("[mllib_job] 12:00:09 write centers table done in 0.52s")
+    m = bh.STEP_LINE.match("[mllib_job] 12:00:09 write centers table done in 0.52s")
     assert m and m.group(1) == "write centers table" and m.group(3) == "0.52"
-    assert not bs.STEP_LINE.match("[dpspark] 12:00:03 maxcover: 961 candidates, 18 thresholds, 14 picks per threshold")
+    assert not bh.STEP_LINE.match("[dpspark] 12:00:03 maxcover: 961 candidates, 18 thresholds, 14 picks per threshold")
 
 
 def test_run_process_times_marks_and_exit_code(tmp_path):
@@ -182,14 +184,39 @@ def test_run_process_times_marks_and_exit_code(tmp_path):
               "print('[dpspark] 12:00:01 pre-flight checks done in 0.30s', file=sys.stderr, flush=True)\n"
               "print('{\"status\": \"failed\", \"error\": \"boom\"}')\n"
               "sys.exit(3)\n")
-    proc = bs.run_process([sys.executable, "-c", script], tmp_path, bs.child_env(), timeout=60)
+    proc = bh.run_process([sys.executable, "-c", script], tmp_path, bh.child_env(), timeout=60)
     assert proc["exit_code"] == 3 and not proc["timed_out"]
     assert 0.2 < proc["first_mark"] < proc["last_mark"] <= proc["wall"]
     assert proc["last_mark"] - proc["first_mark"] > 0.2
-    assert "pre-flight checks done" in proc["stderr"] and bs.last_json_line(proc["stdout"])["error"] == "boom"
+    assert "pre-flight checks done" in proc["stderr"] and bh.last_json_line(proc["stdout"])["error"] == "boom"
     assert proc["py_peak_mb"] > 0  # sampled while it slept
 
 
 def test_run_process_stops_a_process_past_its_timeout(tmp_path):
-    proc = bs.run_process([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, bs.child_env(), timeout=0.5)
+    proc = bh.run_process([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, bh.child_env(), timeout=0.5)
     assert proc["timed_out"] and proc["exit_code"] != 0 and proc["wall"] < 30
+
+
+def test_step_durations_sum_every_done_line():
+    log = "\n".join(["[dpspark] 12:00:00 maxcover: fit ...", "[dpspark] 12:00:01 pass 1 done in 0.50s",
+                     "[dpspark] 12:00:02 pass 1 done in 0.25s", "[dpspark] 12:00:03 maxcover: fit done in 3.00s",
+                     "something else done in 9.00s"])
+    assert bh.step_durations(log) == {"pass 1": 0.75, "maxcover: fit": 3.0}
+
+
+def test_csv_round_trip_types_and_blanks(tmp_path):
+    path = tmp_path / "t.csv"
+    bh.write_csv(path, [{"n": 3, "x": 1.5, "s": "a", "extra": 1}, {"n": "", "x": "", "s": ""}], ["n", "x", "s"])
+    bh.append_csv(path, {"n": 4, "x": "oops", "s": "b"}, ["n", "x", "s"])
+    rows = bh.read_csv(path, ints=("n",), floats=("x",))
+    assert [r["n"] for r in rows] == [3, "", 4] and rows[0]["x"] == 1.5 and rows[0]["s"] == "a"
+    assert math.isnan(rows[1]["x"]) and math.isnan(rows[2]["x"]) and "extra" not in rows[0]
+    assert bh.read_csv(tmp_path / "missing.csv") == []
+    assert bh.fmt("") == "-" and bh.fmt(float("nan"), missing="") == "" and bh.fmt(2.345, "{:.2f}") == "2.35"
+    assert bh.fmt("7 9") == "7 9"
+
+
+def test_command_line_and_stable_seed():
+    assert bh.command_line("bench_x.py", ["--quick", "--out", "/tmp/o"]) == "python scripts/bench_x.py --quick --out /tmp/o"
+    assert bh.command_line("bench_x.py", []) == "python scripts/bench_x.py"
+    assert bh.stable_seed("a", 1) == bh.stable_seed("a", "1") != bh.stable_seed("a", 2)
