@@ -60,7 +60,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from dpspark import __version__, tables
-from dpspark.errors import BudgetRefused, PrivacyAccountingError, RunFailed, RunKilled, for_the_analyst
+from dpspark.errors import BudgetRefused, DPSparkError, PrivacyAccountingError, RunFailed, RunKilled, for_the_analyst
 from dpspark.privacy.ledger import NOT_PRIVATE_NOTE
 from dpspark.progress import OPERATOR_LOG_ENV, accounted, capture, detail, log, log_trouble, operator_log, step
 from dpspark.session import is_connect, quiet_spark_logs, reset_py4j_connection
@@ -108,8 +108,6 @@ def error_text(exc: BaseException, fit_started: bool) -> str:
     """What ``runs/`` and the analyst's log say about a failure. dpspark's own messages name keys
     and public values only; another exception raised once the fit has started may quote a private
     value (e.g. a Spark cast error), so only its type is recorded: the operator log has the rest."""
-    from dpspark.errors import DPSparkError
-
     if isinstance(exc, (DPSparkError, RunKilled)) or not fit_started:
         return f"{type(exc).__name__}: {exc}"[:4000]
     return f"{type(exc).__name__} during the fit (details in the operator log only: they may quote private values)"

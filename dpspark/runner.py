@@ -12,21 +12,10 @@
     -> fit the family's estimator (reads the data; every noisy release is charged)
     -> write centers/, report.png, runs/ and, last, summary.json and summary/<run_id>.json
 
-Statuses of an attempt in ``runs/``: running, then succeeded, failed, invalid_config (a config key
-naming a column the table lacks, or a bad row filter: exit 2), refused, killed (SIGTERM or
-SIGINT: the command line turns the signal into ``RunKilled``), or awaiting (ldp ingest mode, nothing
-charged). A failure leaves no centers and no summary.json (a stale one from an earlier run is
-removed when an attempt starts): rows this attempt wrote are removed, the attempt is recorded with
-its status in ``runs/`` and in the ledger, and any charge stays.
-
-Reusing a charge. An attempt that was charged but ended (failed or killed, recorded) BEFORE its fit
-started never read a private value (only the table's schema and version) and never drew noise, so
-it released nothing: its charge covers nothing yet. The next attempt of the same run id may take
-it over instead of charging again, once: the decision reads only the ledger (a ``fit_started``
-event is written before every fit; ``runs/`` is under a user-writable path and is not trusted),
-and the takeover is an atomic claim in the ledger, so two concurrent retries cannot both reuse
-one charge. An attempt whose fit started, or whose end was never recorded (SIGKILL), is charged
-for good: its noisy values may have reached a log.
+The attempt's states, what each step records in runs/ and the ledger, how a failure ends it
+(``failed``, ``invalid_config``, ``refused``, ``killed``, ``awaiting``), and when a retry reuses an
+unused charge are dpspark.attempt's (one lifecycle for this module and dpspark.ml); this module is
+the command line's face of it: which steps it takes and what it writes under ``output.path``.
 
 Outputs carry only released values and public parameters. Wall times, pass counts, histogram sizes
 and report counts depend on the data: nothing under ``output.path`` holds them (``runs/`` keeps its
@@ -70,7 +59,7 @@ from dpspark.attempt import (RUNNING_ROW_STEP, WAIT_RUNNING_ROW_STEP, Attempt, A
 from dpspark.errors import ConfigError, DPSparkError
 from dpspark.privacy.ledger import Ledger
 from dpspark.privacy.randomness import Randomness
-from dpspark.progress import log, log_trouble, step
+from dpspark.progress import log, step
 from dpspark.session import is_connect
 
 ESTIMATORS = {
@@ -322,14 +311,11 @@ def _json(value) -> str:
 def _cleanup(spark, paths, run_id, attempt, report):
     """After a failure while writing the outputs: remove what THIS attempt wrote (its centers rows,
     its summary, the report it drew over the last one). summary.json and summary/<run_id>.json are
-    written last, so they still hold the latest successful release."""
-    try:
-        tables.delete_run_rows(spark, paths["centers"], run_id, attempt)
-        for key in ("report", "report_html") if report else ():
-            tables.delete_file(spark, paths[key])
-        tables.delete_file(spark, attempt_summary_path(paths, run_id, attempt))
-    except Exception:
-        log_trouble("cleanup after a failed run left something behind")
+    written last, so they still hold the latest successful release. (dpspark.attempt logs a failure here.)"""
+    tables.delete_run_rows(spark, paths["centers"], run_id, attempt)
+    for key in ("report", "report_html") if report else ():
+        tables.delete_file(spark, paths[key])
+    tables.delete_file(spark, attempt_summary_path(paths, run_id, attempt))
 
 
 CONFIG_CHANGE_KEYS_SHOWN = 8

@@ -326,16 +326,11 @@ sys.exit(main(["run", "--config", sys.argv[1], "--run-id", "task"]))
 """
 
 
-# quiet_spark_logs made a no-op wherever a run's attempt calls it (the module that imported it by name)
+# quiet_spark_logs made a no-op where the attempt (dpspark.attempt.Attempt.execute) calls it
 NOT_QUIET = """
-import contextlib, importlib
-for name in ("dpspark.runner", "dpspark.attempt"):
-    try:
-        module = importlib.import_module(name)
-    except ImportError:
-        continue
-    if hasattr(module, "quiet_spark_logs"):
-        module.quiet_spark_logs = lambda spark, on=True: contextlib.nullcontext()
+import contextlib, dpspark.attempt as attempt
+assert hasattr(attempt, "quiet_spark_logs")
+attempt.quiet_spark_logs = lambda spark, on=True: contextlib.nullcontext()
 """
 
 

@@ -218,6 +218,7 @@ def test_ledger_operations_use_small_table_settings_and_put_the_sessions_back(sp
         seen.append({key: spark.conf.get(key, None) for key in ledger_mod._LEDGER_CONF})
         return real_totals(self, *args, **kwargs)
 
+    shuffle_before = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "7")
     snapshot_before = spark.conf.get("spark.databricks.delta.snapshotPartitions", None)
     ledger = Ledger(spark, str(tmp_path / "ledger"))
@@ -230,7 +231,7 @@ def test_ledger_operations_use_small_table_settings_and_put_the_sessions_back(sp
     finally:
         Ledger.totals = ledger_mod._small_table(real_totals)
         after = spark.conf.get("spark.sql.shuffle.partitions")
-        spark.conf.set("spark.sql.shuffle.partitions", "4")
+        spark.conf.set("spark.sql.shuffle.partitions", shuffle_before)  # the shared session's own value
     assert seen == [{"spark.sql.shuffle.partitions": "1", "spark.databricks.delta.snapshotPartitions": "1"}] * 2
     assert after == "7"
     assert spark.conf.get("spark.databricks.delta.snapshotPartitions", None) == snapshot_before
