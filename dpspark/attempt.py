@@ -319,6 +319,8 @@ class Attempt:
         elif self.state == "new":
             self.record["status"] = end_status(error)  # nothing recorded: the operator record's status only
         failure = for_the_analyst(error, self.fit_started)
+        if self.state in ENDS:
+            failure.attempt_status = self.state  # how the attempt ended: the command line's --json status
         if isinstance(failure, RunFailed) and operator_log_dir() is None:
             log.error("the details of this failure were not kept: $%s is not set (or attach a handler to the "
                       "'dpspark.operator' logger)", OPERATOR_LOG_ENV)

@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None, spark=None) -> int:
             return exc.exit_code
         except DPSparkError as exc:
             print(f"dpspark: {type(exc).__name__}: {exc}", file=sys.stderr)
-            status = "refused" if exc.exit_code == EXIT_BUDGET else ("invalid_config" if exc.exit_code == EXIT_CONFIG else "failed")
+            status = getattr(exc, "attempt_status", None) or (
+                "refused" if exc.exit_code == EXIT_BUDGET else ("invalid_config" if exc.exit_code == EXIT_CONFIG else "failed"))
             _finish_outcome(outcome, spark, config, run_id, status, exc.exit_code, str(exc))
             _print_json(as_json, outcome)
             return exc.exit_code
