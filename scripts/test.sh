@@ -4,4 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export DPSPARK_IVY_DIR="${DPSPARK_IVY_DIR:-$(pwd)/.cache/ivy}"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
+# Two workers (pytest-xdist), each with its own shared local SparkSession; a test file stays on one
+# worker (--dist loadfile: its module fixtures, e.g. the one standalone cluster, start once). A
+# serial run of the suite leaves about 40% of the 2 cores idle (small Spark jobs wait on the driver
+# and on JVM starts), which the second worker uses. DPSPARK_TEST_WORKERS=0 runs it serially.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 \
+  -n "${DPSPARK_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -307,19 +307,17 @@ CAP = 1000.0
 
 @pytest.fixture(scope="module")
 def lake(spark, tmp_path_factory):
-    """One Delta table and ledger per face (each case is its own run id on it)."""
+    """One Delta table and one ledger for both faces (each case is its own run id on them)."""
     base = tmp_path_factory.mktemp("lifecycle")
     r = np.random.default_rng(3)
     x = np.concatenate([r.normal(c, 3.0, size=(30, 2)) for c in ((20, 20), (80, 30), (50, 80))])
-    faces = {}
-    for face in ("cli", "ml"):
-        table = str(base / face / "t")
-        spark.createDataFrame(pd.DataFrame({"x": x[:, 0], "y": x[:, 1]})).coalesce(1).write.format("delta").save(table)
-        ledger = Ledger(spark, str(base / face / "ledger"))
-        key = tables.ledger_key_of(spark, table)
-        ledger.set_budget(key, CAP, 0.0)
-        faces[face] = {"table": table, "ledger": ledger, "key": key, "out": str(base / face / "out"), "base": base}
-    return faces
+    table = str(base / "t")
+    spark.createDataFrame(pd.DataFrame({"x": x[:, 0], "y": x[:, 1]})).coalesce(1).write.format("delta").save(table)
+    ledger = Ledger(spark, str(base / "ledger"))
+    key = tables.ledger_key_of(spark, table)
+    ledger.set_budget(key, CAP, 0.0)
+    face = {"table": table, "ledger": ledger, "key": key, "ledger_path": str(base / "ledger")}
+    return {"cli": dict(face, out=str(base / "out")), "ml": face}
 
 
 def _wrap(monkeypatch, cls, name, *, before=None, after=None):
@@ -340,14 +338,16 @@ def _kill():
     raise RunKilled(signal.SIGTERM)
 
 
-def _arrange(end: str, monkeypatch, lake_face, spark):
+def _arrange(end: str, monkeypatch, lake_face, face_name: str):
     """Make the next attempt end as ``end``; returns a function that undoes what the ledger needs."""
     undo = lambda: None  # noqa: E731
     if end == "awaiting":
         def not_in(self, spark):
             raise DPSparkError("round 2 of the reports is not in yet")
         monkeypatch.setattr(DPLloyd, "check_ready", not_in, raising=False)
-    elif end == "refused":
+    elif end == "refused" and face_name == "cli":
+        pass  # the run's privacy.budget asks for less than its plan (see the config)
+    elif end == "refused":  # DPClustering has no lower request: the cap itself is lowered
         ledger, key = lake_face["ledger"], lake_face["key"]
         ledger.set_budget(key, ledger.totals(key).spent_epsilon + 0.5, 0.0)
         undo = lambda: ledger.set_budget(key, CAP, 0.0)  # noqa: E731
@@ -389,11 +389,12 @@ def test_every_end_through_the_command_line(end, spark, lake, monkeypatch, tmp_p
     cfg.write_text(yaml.safe_dump({
         "input": {"path": face["table"], "format": "delta", "features": ["x", "y"]},
         "domain": {"lower": [0, 0], "upper": [100, 100]},
-        "privacy": {"epsilon": PLAN[0], "delta": PLAN[1], "ledger": str(face["base"] / "cli" / "ledger")},
+        "privacy": {"epsilon": PLAN[0], "delta": PLAN[1], "ledger": face["ledger_path"],
+                    **({"budget": {"epsilon": 0.5, "delta": 0.0}} if end == "refused" else {})},
         "algorithm": {"name": "dplloyd", "k": 3, "variant": "average_k", "iterations": 2},
         "output": {"path": out, "report": False}}))
     spent = ledger.totals(key).spent_epsilon
-    undo = _arrange(end, monkeypatch, face, spark)
+    undo = _arrange(end, monkeypatch, face, "cli")
     try:
         code = main(["run", "--config", str(cfg), "--run-id", run_id, "--json"], spark=spark)
     finally:
@@ -423,9 +424,9 @@ def test_every_end_through_dpclustering_fit(end, spark, lake, monkeypatch):
     df = spark.read.format("delta").load(face["table"])
     estimator = DPClustering(k=3, epsilon=PLAN[0], delta=PLAN[1], lower=[0.0, 0.0], upper=[100.0, 100.0],
                              algorithm="dplloyd", variant="average_k", iterations=2, inputCols=["x", "y"],
-                             ledgerPath=str(face["base"] / "ml" / "ledger"), ledgerInput=face["table"], runId=run_id)
+                             ledgerPath=face["ledger_path"], ledgerInput=face["table"], runId=run_id)
     spent = ledger.totals(key).spent_epsilon
-    undo = _arrange(end, monkeypatch, face, spark)
+    undo = _arrange(end, monkeypatch, face, "ml")
     status = end.split("@")[0]
     try:
         if status == "succeeded":

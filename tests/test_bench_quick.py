@@ -181,7 +181,7 @@ def _shared_plan(out: Path) -> list:
     return [
         ("dplloyd", "bench_dplloyd", ["--quick", "--seeded", "--out", str(out / "dplloyd")], False),
         ("tune", "tune_maxcover_candidates", ["--quick", "--out", str(out / "tune" / "tuning.md")], False),
-        ("scale", "bench_scale", ["--quick", "--out", str(out / "scale")], True),
+        ("scale", "bench_scale", ["--quick", "--n", "5000", "10000", "--out", str(out / "scale")], True),
         ("dplloyd_speed", "bench_dplloyd_speed", ["--quick", "--out", str(out / "dplloyd_speed.md")], True),
         ("maxcover", "bench_maxcover", ["--quick", "--seeded", "--methods", "maxcover kmeans private",
                                         "--out", str(out / "maxcover")], True),
@@ -235,7 +235,7 @@ def test_bench_scale_quick(shared):
     cols, rows = _rows(out / "scale.csv")
     assert SCALE_COLUMNS <= set(cols)
     assert {r["job"] for r in rows} == {"maxcover", "dplloyd", "ldp", "mllib"}
-    assert {int(r["n"]) for r in rows} == {20_000, 50_000}
+    assert {int(r["n"]) for r in rows} == {5_000, 10_000}
     for r in rows:
         assert r["error"] == "", r
         assert float(r["wall_s"]) > 0 and float(r["jvm_peak_mb"]) > 0 and float(r["py_peak_mb"]) > 0
