@@ -300,12 +300,33 @@ def _validate_locations(config) -> list[str]:
     return problems
 
 
+def _missing_local_input(config) -> str | None:
+    """``input.path`` on this machine's file system (no scheme, or ``file:``) that does not exist, said
+    without starting Spark (``dpspark run`` would fail with exit 1 at its first step). A warning, not
+    an error: a config is often checked on another machine than the one that runs it. Nothing to say
+    for a catalog table, another store, or a Spark Connect deployment (the server's files, not ours)."""
+    import os
+
+    from dpspark import tables
+    from dpspark.session import remote_url
+
+    path = config.input.path
+    local = tables.local_path(path) if path else None
+    if local is None or remote_url() is not None or os.path.exists(local):
+        return None
+    return (f"input.path={path!r} does not exist on this machine ({os.path.abspath(local)}): `dpspark run` here "
+            "would fail at its first step (exit 1)")
+
+
 def _validate_warnings(config) -> list[str]:
     out = []
     b = config.privacy.budget
     if b is not None and (config.privacy.epsilon > b.epsilon or config.privacy.delta > b.delta):
         out.append(f"privacy.epsilon={config.privacy.epsilon:g}, privacy.delta={config.privacy.delta:g} exceed "
                    f"privacy.budget (epsilon={b.epsilon:g}, delta={b.delta:g}): the run will be refused")
+    missing = _missing_local_input(config)
+    if missing:
+        out.append(missing)
     if config.seed is not None:
         out.append(f"seed={config.seed}: the run is NOT PRIVATE (unsafe_fixed_seed)")
     if not config.privacy.ledger:

@@ -24,6 +24,25 @@ def test_validate_warns_that_a_run_without_a_ledger_is_unaccounted(tmp_path, mon
     assert "UNACCOUNTED" not in capsys.readouterr().err
 
 
+def test_validate_says_at_once_that_a_local_input_does_not_exist(tmp_path, monkeypatch, capsys):
+    """No Spark: a typo in a local input.path is a warning of validate (exit 0: the config may be
+    meant for another machine); an existing one, a remote URI or a Connect deployment say nothing."""
+    for name in ("DPSPARK_REMOTE", "SPARK_REMOTE"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "there").mkdir()
+    said = {}
+    for case, path in (("typo", str(tmp_path / "thre")), ("file uri", f"file://{tmp_path}/thre"),
+                       ("exists", str(tmp_path / "there")), ("remote", "s3a://lake/points")):
+        cfg, _ = make_config(tmp_path, path, **{"privacy.ledger": str(tmp_path / "ledger")})
+        assert main(["validate", "--config", cfg]) == 0, case
+        said[case] = "does not exist on this machine" in capsys.readouterr().err
+    assert said == {"typo": True, "file uri": True, "exists": False, "remote": False}
+    monkeypatch.setenv("DPSPARK_REMOTE", "sc://localhost:15002")
+    cfg, _ = make_config(tmp_path, str(tmp_path / "thre"), **{"privacy.ledger": str(tmp_path / "ledger")})
+    assert main(["validate", "--config", cfg]) == 0
+    assert "does not exist" not in capsys.readouterr().err
+
+
 def test_a_run_without_a_ledger_says_unaccounted_everywhere(spark, tmp_path, write_delta, monkeypatch, capsys):
     monkeypatch.delenv("DPSPARK_LEDGER", raising=False)
     path = write_delta(points_frame(30))
