@@ -463,7 +463,7 @@ def _write_running_row(spark, runs_path: str, record: dict, timings: dict) -> No
     """The attempt's ``running`` row, in a thread: timed under its own name and logged in one line
     that is not a step line (it overlaps the steps of the main thread)."""
     start = time.perf_counter()
-    tables.write_run_record(spark, runs_path, record)
+    tables.write_run_record(spark, runs_path, record, new=True)  # a new attempt's number: no row of it yet
     seconds = time.perf_counter() - start
     timings[RUNNING_ROW_STEP] = seconds
     detail("runs table: the running row was written in a thread in %.2f s", seconds)

@@ -167,7 +167,14 @@ def main(argv: list[str] | None = None, spark=None) -> int:
 
     with _signals_stop_the_run(), accounted(config.privacy.ledger is not None):
         try:
-            if spark is None:
+            result = None
+            if args.command == "run" and spark is None:
+                from dpspark.runner import succeeded_before
+                from dpspark.session import remote_url
+
+                # a run id that already succeeded: decided from a local runs/ table before any JVM starts
+                result = None if remote_url() else succeeded_before(config, run_id, force=bool(args.force))
+            if result is None and spark is None:
                 from dpspark.progress import step
                 from dpspark.session import build_session
 
@@ -185,9 +192,10 @@ def main(argv: list[str] | None = None, spark=None) -> int:
                 status = LocalDP.from_config(config).advance(spark)
                 print(status.get("message") or "ldp ingest: all rounds' reports are in; `dpspark run` releases the centers")
                 return EXIT_OK
-            from dpspark.runner import run
+            if result is None:
+                from dpspark.runner import run
 
-            result = run(config, spark, run_id=run_id, force=bool(args.force), timings=before)
+                result = run(config, spark, run_id=run_id, force=bool(args.force), timings=before)
         except RunKilled as exc:
             print(f"dpspark: run {run_id} {exc}; recorded as killed", file=sys.stderr)
             _finish_outcome(outcome, spark, config, run_id, "killed", exc.exit_code, str(exc))
@@ -400,6 +408,10 @@ def _ledger_command(args, spark) -> int:
         from dpspark import tables
         from dpspark.privacy.ledger import Ledger
 
+        if spark is None and args.ledger_command == "show":
+            shown = _show_without_spark(args, selection, described)
+            if shown is not None:
+                return shown
         if spark is None:
             from dpspark.session import build_session
 
@@ -417,19 +429,45 @@ def _ledger_command(args, spark) -> int:
             print(f"dpspark: no ledger at {ledger.path}", file=sys.stderr)
             return EXIT_FAILURE
         key = tables.ledger_key_of(spark, args.input) if args.input else None
-        balances, events = ledger.balances(key), ledger.events(key, **selection)
-        if args.json:
-            events = [{**e, "updated_at": utc_iso(e.get("updated_at"))} for e in events]
-            print(json.dumps({"ledger": ledger.path, "balances": balances, "events": events}, default=str))
-        else:
-            print(format_ledger(ledger.path, balances, events, selection="; ".join(described) or None))
-        return EXIT_OK
+        return _print_ledger(args, ledger, key, selection, described)
     except DPSparkError as exc:
         print(f"dpspark: {type(exc).__name__}: {exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:
         print(f"dpspark: ledger {args.ledger_command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+
+
+def _print_ledger(args, ledger, key, selection: dict, described: list) -> int:
+    from dpspark.privacy.ledger import utc_iso
+
+    balances, events = ledger.balances(key), ledger.events(key, **selection)
+    if args.json:
+        events = [{**e, "updated_at": utc_iso(e.get("updated_at"))} for e in events]
+        print(json.dumps({"ledger": ledger.path, "balances": balances, "events": events}, default=str))
+    else:
+        print(format_ledger(ledger.path, balances, events, selection="; ".join(described) or None))
+    return EXIT_OK
+
+
+def _show_without_spark(args, selection: dict, described: list) -> int | None:
+    """``dpspark ledger show`` of a local ledger (and a local ``--input``) read by delta-rs, without
+    starting Spark (``dpspark.localdelta``); None when only Spark can read them (the caller then does)."""
+    from dpspark import tables
+    from dpspark.privacy.ledger import Ledger
+    from dpspark.session import remote_url
+
+    if remote_url():
+        return None
+    ledger = Ledger(None, tables.qualify(args.ledger))
+    if not ledger.exists_without_spark():
+        return None
+    key = None
+    if args.input:
+        key = tables.ledger_key_without_spark(args.input)
+        if key is None:
+            return None
+    return _print_ledger(args, ledger, key, selection, described)
 
 
 def _g(value) -> str:

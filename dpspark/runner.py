@@ -134,14 +134,10 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
     """The command line's face of the attempt ``a``: what each step of the lifecycle does here."""
     spark, run_id, timings = a.spark, a.run_id, a.timings
     started = now()
-    estimator = estimator_class(config.algorithm.name).from_config(config, randomness=randomness)
-    a.declare(checked_plan(estimator, config), getattr(estimator, "guarantee", "central"), randomness.private)
+    estimator, plan = _declared(config, randomness)
+    a.declare(plan, getattr(estimator, "guarantee", "central"), randomness.private)
     private = randomness.private
     privacy_note = None if private else "NOT PRIVATE: fixed seed (testing aid)"
-    if not private:
-        log.warning("seed=%s: a testing aid; this run is NOT PRIVATE", randomness.seed)
-    if not config.privacy.ledger:
-        log.warning("%s", UNACCOUNTED_WARNING)
 
     # Pre-flight: nothing is written, no data is read.
     with step("pre-flight checks", timings):
@@ -153,20 +149,11 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
             a.ledger = Ledger(spark, ledger_path)
         earlier = tables.read_attempts(spark, paths["runs"], run_id)
 
-    done = [e for e in earlier if e.get("status") == "succeeded"]
     if earlier:
         _warn_if_config_changed(config, earlier[-1], run_id)
-    if done and not force:
-        last = done[-1]
-        log.info("run %s already succeeded (attempt %s): nothing charged, nothing released; --force makes a new release",
-                 run_id, last["attempt"])
-        summary = {"run_id": run_id, "status": "already_succeeded", "attempt": last["attempt"],
-                   "algorithm": last.get("algorithm"), "epsilon_spent": 0.0, "delta_spent": 0.0,
-                   "input": {"path": last.get("input_path"), "version": last.get("input_version")},
-                   "outputs": {"summary": attempt_summary_path(paths, run_id, last["attempt"]),
-                               "run_summary": run_summary_path(paths, run_id), "centers": paths["centers"]}}
-        return RunResult(run_id=run_id, status="already_succeeded", summary=summary, outputs=paths,
-                         attempt=int(last["attempt"]), input_version=last.get("input_version"))
+    noop = _already_succeeded(run_id, paths, earlier, force)
+    if noop is not None:
+        return noop
     pinned = next((e.get("input_version") for e in earlier if e.get("input_version") is not None), None)
 
     a.record.update({
@@ -245,7 +232,7 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
         drawing = Background(_render_report, _report_info(summary, timings, diagnostics, config, table.version))
     with step("write centers table", timings):
         tables.write_centers(spark, paths["centers"], run_id, model.feature_names, model.centers,
-                             model.noisy_weights, private=private, attempt=attempt)
+                             model.noisy_weights, private=private, attempt=attempt, new=True)
     if config.output.report:
         with step("write report.png", timings):
             png, page = (drawing.result() if drawing is not None
@@ -263,6 +250,60 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
     a.succeed(write_summaries)  # runs/, the summaries, then the ledger's succeeded
     return RunResult(run_id=run_id, status="succeeded", summary=summary, outputs=paths, model=model, attempt=attempt,
                      input_version=table.version)
+
+
+def _declared(config, randomness: Randomness):
+    """The family's estimator and its checked plan, and the warnings every attempt starts with."""
+    estimator = estimator_class(config.algorithm.name).from_config(config, randomness=randomness)
+    plan = checked_plan(estimator, config)
+    if not randomness.private:
+        log.warning("seed=%s: a testing aid; this run is NOT PRIVATE", randomness.seed)
+    if not config.privacy.ledger:
+        log.warning("%s", UNACCOUNTED_WARNING)
+    return estimator, plan
+
+
+def _already_succeeded(run_id: str, paths: dict, earlier: list[dict], force: bool) -> RunResult | None:
+    """The no-op of a run id that already succeeded (unless ``force``): nothing charged, nothing released."""
+    done = [e for e in earlier if e.get("status") == "succeeded"]
+    if not done or force:
+        return None
+    last = done[-1]
+    log.info("run %s already succeeded (attempt %s): nothing charged, nothing released; --force makes a new release",
+             run_id, last["attempt"])
+    summary = {"run_id": run_id, "status": "already_succeeded", "attempt": last["attempt"],
+               "algorithm": last.get("algorithm"), "epsilon_spent": 0.0, "delta_spent": 0.0,
+               "input": {"path": last.get("input_path"), "version": last.get("input_version")},
+               "outputs": {"summary": attempt_summary_path(paths, run_id, last["attempt"]),
+                           "run_summary": run_summary_path(paths, run_id), "centers": paths["centers"]}}
+    return RunResult(run_id=run_id, status="already_succeeded", summary=summary, outputs=paths,
+                     attempt=int(last["attempt"]), input_version=last.get("input_version"))
+
+
+def succeeded_before(config, run_id: str, force: bool = False) -> RunResult | None:
+    """Before Spark starts (the command line): the no-op of a run id whose local ``runs/`` table, read
+    without Spark (``tables.read_attempts_without_spark``), shows it succeeded; the same result, log
+    lines and checks as ``run``'s no-op, in a fraction of a second instead of a JVM's start. None
+    (``run`` then decides as usual) with ``force``, a remote output path, a runs/ table delta-rs
+    cannot read, a location check that fails (``run`` reports it) or a run id that did not succeed."""
+    if force or not tables.RUN_ID_PATTERN.match(run_id or ""):
+        return None
+    paths = output_paths(tables.qualify(config.output.path))
+    try:
+        tables.check_output_location(None, config.output.path)
+        if config.privacy.ledger:
+            tables.check_output_location(None, tables.qualify(config.privacy.ledger), "privacy.ledger", delta_only=True)
+    except Exception:
+        return None
+    earlier = tables.read_attempts_without_spark(paths["runs"], run_id)
+    if not earlier or not any(e.get("status") == "succeeded" for e in earlier):
+        return None
+    try:
+        _declared(config, Randomness(config.seed))  # a plan over the budget is refused as in ``run``
+    except Exception:
+        return None
+    _warn_if_config_changed(config, earlier[-1], run_id)
+    return _already_succeeded(run_id, paths, earlier, force)
 
 
 def _check_connect_ledger_input(spark, config) -> None:

@@ -31,7 +31,9 @@ import re
 import tempfile
 from dataclasses import dataclass
 
+from dpspark import localdelta
 from dpspark.errors import ColumnError, ConfigError, DPSparkError, SchemaError
+from dpspark.localdelta import local_path
 from dpspark.privacy.bounding import bound_contributions
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.ledger import _not_a_table, _sql_string, _table_name
@@ -39,22 +41,6 @@ from dpspark.session import is_connect
 
 UNIT_PREFIX = "_u"
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-
-
-def local_path(path: str) -> str | None:
-    """The local file-system path of ``path`` (no scheme, or ``file:``, ``file://``, ``file:///``), else None."""
-    if path.startswith("file:"):
-        rest = path[len("file:"):]
-        if rest.startswith("//"):
-            rest = rest[2:]
-            host, slash, tail = rest.partition("/")
-            if host not in ("", "localhost"):
-                return None
-            rest = "/" + tail
-        return rest or "/"
-    if "://" in path:
-        return None
-    return path
 
 
 def qualify(path: str) -> str:
@@ -504,13 +490,15 @@ def _delta_exists(spark, path: str) -> bool:
     return _exists(spark, path) and DeltaTable.isDeltaTable(spark, path)
 
 
-def replace_run_rows(spark, df, path: str, run_id: str, attempt: int | None = None) -> None:
+def replace_run_rows(spark, df, path: str, run_id: str, attempt: int | None = None, new: bool = False) -> None:
     """Write ``df`` (rows of one run, or of one attempt of it) so that the table holds exactly these
-    rows for ``run_id`` (and ``attempt``)."""
+    rows for ``run_id`` (and ``attempt``). ``new``: the table holds none yet (a new attempt's number,
+    one past every attempt of ``run_id`` in runs/): a plain append, one Delta commit without the scan
+    and rewrite of ``replaceWhere`` (its two slowest Spark jobs)."""
     if not RUN_ID_PATTERN.match(run_id):
         raise ValueError(f"invalid run id {run_id!r}")
     writer = df.write.format("delta").option("mergeSchema", "true")
-    if _delta_exists(spark, path):
+    if not new and _delta_exists(spark, path):
         where = f"run_id = '{run_id}'" + ("" if attempt is None else f" AND attempt = {int(attempt)}")
         writer.mode("overwrite").option("replaceWhere", where).save(path)
     else:
@@ -531,11 +519,12 @@ CENTERS_FIXED = ("run_id", "attempt", "cluster_id", "noisy_weight", "private")
 
 
 def write_centers(spark, path: str, run_id: str, feature_names: list[str], centers, noisy_weights,
-                  private: bool = True, attempt: int = 1) -> None:
+                  private: bool = True, attempt: int = 1, new: bool = False) -> None:
     """The released centers of one attempt of a run: run_id, attempt, cluster_id, one column per
     feature, noisy_weight, and ``private`` (false for a fixed-seed run: NOT PRIVATE). Every attempt
     keeps its rows (a ``--force`` release adds its own beside the earlier one's); a table written
-    before the ``attempt`` column existed gets it (null in its old rows)."""
+    before the ``attempt`` column existed gets it (null in its old rows). ``new``: no rows of this
+    attempt can be there (``replace_run_rows``)."""
     from pyspark.sql import types as T
 
     schema = T.StructType(
@@ -552,7 +541,7 @@ def write_centers(spark, path: str, run_id: str, feature_names: list[str], cente
     if _delta_exists(spark, path) and "attempt" not in spark.read.format("delta").load(path).columns:
         # an old table: add the column first (a replaceWhere cannot name a column the table lacks)
         frame.limit(0).write.format("delta").mode("append").option("mergeSchema", "true").save(path)
-    replace_run_rows(spark, frame, path, run_id, attempt)
+    replace_run_rows(spark, frame, path, run_id, attempt, new=new)
 
 
 # ``non_private_operational`` is kept for old readers and old tables (appending needs no schema
@@ -570,22 +559,64 @@ RUNS_COLUMNS = tuple(f.split()[0] for f in RUNS_SCHEMA.split(", "))
 RETIRED_RUNS_COLUMNS = ("non_private_operational",)  # always written as null
 
 
-def write_run_record(spark, path: str, record: dict) -> None:
-    """Upsert one row of the ``runs/`` table, keyed by (run id, attempt): every attempt keeps its row."""
+def write_run_record(spark, path: str, record: dict, new: bool = False) -> None:
+    """Upsert one row of the ``runs/`` table, keyed by (run id, attempt): every attempt keeps its row.
+    ``new``: the attempt's first row (its ``running`` row), appended (``replace_run_rows``)."""
     row = tuple(None if name in RETIRED_RUNS_COLUMNS else record.get(name) for name in RUNS_COLUMNS)
     df = spark.createDataFrame([row], RUNS_SCHEMA).coalesce(1)
-    replace_run_rows(spark, df, path, record["run_id"], record.get("attempt"))
+    replace_run_rows(spark, df, path, record["run_id"], record.get("attempt"), new=new)
 
 
 def read_attempts(spark, path: str, run_id: str) -> list[dict]:
-    """The earlier attempts of ``run_id`` in ``runs/`` (oldest first), as dicts; [] if none."""
+    """The earlier attempts of ``run_id`` in ``runs/`` (oldest first), as dicts; [] if none.
+
+    A local table is read without Spark (``read_attempts_without_spark``) when it can be; else, or
+    when that read fails, with ``spark``."""
     from pyspark.sql import functions as F
 
+    rows = None if is_connect(spark) else read_attempts_without_spark(path, run_id)
+    if rows is not None:
+        return rows
     if not _delta_exists(spark, path):
         return []
     df = spark.read.format("delta").load(path).where(F.col("run_id") == F.lit(run_id))
     order = "attempt" if "attempt" in df.columns else "started_at"
-    rows = [r.asDict() for r in df.orderBy(F.col(order).asc_nulls_first()).collect()]
+    return _numbered([r.asDict() for r in df.orderBy(F.col(order).asc_nulls_first()).collect()])
+
+
+def read_attempts_without_spark(path: str, run_id: str) -> list[dict] | None:
+    """``read_attempts`` of a LOCAL ``runs/`` table, read by delta-rs (``dpspark.localdelta``): no JVM,
+    no Spark job, a fraction of a second where Spark's first Delta read in a new process takes
+    seconds; the same rows and values as Spark's read. None when it cannot answer (a remote path, a
+    folder that is not a Delta table, a table delta-rs cannot read): the caller reads with Spark."""
+    local = local_path(path)
+    if local is None:
+        return None
+    if not os.path.exists(local):
+        return []  # no runs/ yet: no earlier attempts
+    rows = localdelta.read_rows(path, {"run_id": [run_id]})
+    if rows is None:
+        return None
+    order = "attempt" if rows and "attempt" in rows[0] else "started_at"
+    rows.sort(key=lambda r: (r.get(order) is not None, r.get(order) if r.get(order) is not None else 0))
+    return _numbered(rows)
+
+
+def ledger_key_without_spark(path: str) -> str | None:
+    """``ledger_key_of(spark, path)`` of a LOCAL table, without Spark: a Delta table's id read by
+    delta-rs, another folder's canonical path. None when only Spark can answer (a remote path, a
+    path that does not exist, a Delta table delta-rs cannot read)."""
+    local = local_path(qualify(path))
+    if local is None or not os.path.exists(local):
+        return None
+    if localdelta.has_log(local):
+        found = localdelta.table_id(local)
+        return None if found is None else f"delta-table:{found}"
+    return canonical_path(None, local)
+
+
+def _numbered(rows: list[dict]) -> list[dict]:
+    """Rows of runs/ with an ``attempt`` (a table older than the column: their order, from 1)."""
     for i, r in enumerate(rows):
         r.setdefault("attempt", None)
         if r["attempt"] is None:

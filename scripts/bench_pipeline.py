@@ -148,13 +148,13 @@ def write_history(spark, ledger, key: str, paths: dict, args) -> None:
                       delta_configured=bs.DELTA, charges="[]", input_path=paths["table"], input_key=key,
                       input_format="delta", input_version=0, dpspark_version=__version__, started_at=when,
                       private=True, guarantee="central", charged=False, fit_started=False)
-        tables.write_run_record(spark, out["runs"], record)
+        tables.write_run_record(spark, out["runs"], record, new=True)
         ledger.mark(key, run_id, "started", attempt=1, guarantee="central", defer=True)
         ledger.charge(key, run_id, "auto", bs.EPS, 0.0, None, None, guarantee="central", attempt=1,
                       input_seen=paths["table"], private=True, defer=True)
         ledger.mark(key, run_id, "fit_started", attempt=1, guarantee="central")
         centers = np.zeros((bs.K, args.d))
-        tables.write_centers(spark, out["centers"], run_id, names, centers, np.ones(bs.K), attempt=1)
+        tables.write_centers(spark, out["centers"], run_id, names, centers, np.ones(bs.K), attempt=1, new=True)
         record.update(status="succeeded", ended_at=when + timedelta(minutes=2), epsilon_spent=bs.EPS, charged=True,
                       fit_started=True)
         tables.write_run_record(spark, out["runs"], record)

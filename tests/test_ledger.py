@@ -124,10 +124,10 @@ def test_failed_run_stays_charged_and_leaves_no_result(spark, tmp_path, write_de
     cfg, c = make_config(tmp_path, path, **{"privacy.ledger": ledger_path})
     original = tables.write_run_record
 
-    def fail_after_centers(spark_, runs_path, record):  # fail late: after centers and report were written
+    def fail_after_centers(spark_, runs_path, record, **kwargs):  # fail late: after centers and report were written
         if record["status"] == "succeeded":
             raise RuntimeError("disk full")
-        return original(spark_, runs_path, record)
+        return original(spark_, runs_path, record, **kwargs)
 
     monkeypatch.setattr(tables, "write_run_record", fail_after_centers)
     assert main(["run", "--config", cfg, "--run-id", "doomed"], spark=spark) == 1

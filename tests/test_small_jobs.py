@@ -363,10 +363,10 @@ def _running_row_writer(monkeypatch, before_running):
     """tables.write_run_record with ``before_running(record)`` called first for a ``running`` row."""
     real = tables.write_run_record
 
-    def write(spark_, path, record):
+    def write(spark_, path, record, **kwargs):
         if record["status"] == "running":
             before_running(record)
-        return real(spark_, path, record)
+        return real(spark_, path, record, **kwargs)
 
     monkeypatch.setattr(tables, "write_run_record", write)
 
@@ -405,11 +405,11 @@ def test_with_a_ledger_the_fit_starts_only_after_the_running_row(spark, tmp_path
     charged, written, seen = threading.Event(), threading.Event(), {}
     real = tables.write_run_record
 
-    def write(spark_, path_, record):
+    def write(spark_, path_, record, **kwargs):
         if record["status"] == "running":
             charged.wait(30)
             time.sleep(2.0)
-        real(spark_, path_, record)
+        real(spark_, path_, record, **kwargs)
         if record["status"] == "running":
             written.set()
 

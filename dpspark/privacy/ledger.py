@@ -79,6 +79,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from dpspark import localdelta
 from dpspark.errors import BudgetRefused
 
 log = logging.getLogger("dpspark")
@@ -107,6 +108,9 @@ _LEDGER_CONF = {"spark.sql.shuffle.partitions": "1", "spark.databricks.delta.sna
 
 @contextlib.contextmanager
 def _ledger_conf(spark):
+    if spark is None:  # reading a local ledger without Spark (``Ledger._rows_without_spark``)
+        yield
+        return
     saved = {key: spark.conf.get(key, None) for key in _LEDGER_CONF}
     for key, value in _LEDGER_CONF.items():
         spark.conf.set(key, value)
@@ -405,7 +409,8 @@ class Ledger:
         _check_guarantee(guarantee)
         note = None if private else NOT_PRIVATE_NOTE
         charged = False
-        if self._ready or self.exists():
+        totals = self._refusal_without_spark(input_key, epsilon, delta, requested_epsilon, requested_delta, guarantee)
+        if totals is None and (self._ready or self.exists()):
             cap_eps = "cap_epsilon"
             cap_delta = "coalesce(cap_delta, 0.0D)"
             if requested_epsilon is not None:
@@ -428,7 +433,8 @@ class Ledger:
                         raise
                     log.info("ledger: concurrent charge on %s, retrying (attempt %d)", input_key, attempt_no + 2)
                     time.sleep(random.uniform(0.05, 0.5))
-        totals = self.totals(input_key, requested_epsilon, requested_delta, guarantee=guarantee)
+        if totals is None:
+            totals = self.totals(input_key, requested_epsilon, requested_delta, guarantee=guarantee)
         if not charged:
             left = totals.as_dict()  # the budget in force for this run (the cap, or the run's lower request)
             self._append(dict(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm, epsilon=0.0,
@@ -457,6 +463,29 @@ class Ledger:
                 self._pending.append(self._event(**charged_event))
         else:
             self._append(charged_event)
+        return totals
+
+    def _refusal_without_spark(self, input_key: str, epsilon: float, delta: float, requested_epsilon,
+                               requested_delta, guarantee: str) -> LedgerTotals | None:
+        """The totals of a charge that the ledger's latest version already refuses (no cap, or not
+        enough left), read by delta-rs from a local ledger: the refusal then needs no UPDATE. None
+        when the budget may allow it or when only Spark can read the ledger: the UPDATE decides (its
+        WHERE clause is the same condition, on the same kind of numbers: IEEE doubles). A refusal
+        read from a snapshot is safe: spending only grows, and a cap raised a moment later is as if
+        the run had come a moment earlier."""
+        rows = self._rows_without_spark(("balance",), input_key)
+        if rows is None:
+            return None
+        rows = [r for r in rows if r["entry_id"] == _balance_id(input_key, guarantee)]
+        totals = self._totals_of(rows[0] if rows else None, input_key, requested_epsilon, requested_delta, guarantee)
+        if totals.ledger_cap_epsilon is not None:
+            tol = 1 + REL_TOL
+            cap_eps, cap_delta = totals.ledger_cap_epsilon, totals.ledger_cap_delta
+            if requested_epsilon is not None:
+                cap_eps, cap_delta = min(cap_eps, float(requested_epsilon)), min(cap_delta, float(requested_delta or 0.0))
+            if (totals.spent_epsilon + float(epsilon) <= cap_eps * tol
+                    and totals.spent_delta + float(delta) <= cap_delta * tol):
+                return None  # it may pass: the UPDATE decides
         return totals
 
     @_small_table
@@ -540,8 +569,13 @@ class Ledger:
             cols = ["epsilon", "delta"] + [c for c in ("cap_epsilon", "cap_delta") if c in df.columns]
             # collect, not first(): one Spark job (a limit scans partitions in growing rounds); the id is unique
             rows = df.where(F.col("entry_id") == _balance_id(input_key, guarantee)).select(*cols).collect()
-            row = rows[0] if rows else None
-        cap_eps = row["cap_epsilon"] if row is not None and "cap_epsilon" in row else None
+            row = rows[0].asDict() if rows else None
+        return self._totals_of(row, input_key, budget_epsilon, budget_delta, guarantee)
+
+    @staticmethod
+    def _totals_of(row: dict | None, input_key: str, budget_epsilon, budget_delta, guarantee: str) -> LedgerTotals:
+        """``LedgerTotals`` of a balance row (a dict; None: no balance)."""
+        cap_eps = row.get("cap_epsilon") if row is not None else None
         cap_delta = (row["cap_delta"] or 0.0) if cap_eps is not None else None
         eff_eps, eff_delta = cap_eps, cap_delta
         if cap_eps is not None and budget_epsilon is not None:
@@ -555,17 +589,37 @@ class Ledger:
             ledger_cap_epsilon=cap_eps, ledger_cap_delta=cap_delta,
         )
 
+    def _rows_without_spark(self, kinds: tuple, input_key: str | None) -> list[dict] | None:
+        """Rows of these kinds (and input) of a LOCAL ledger, read by delta-rs without Spark
+        (``dpspark.localdelta``), every column of ``SCHEMA`` (null when an older ledger lacks it);
+        None when only Spark can read it. A read only: charges and events are written by Spark."""
+        if self.spark is not None and type(self.spark).__module__.startswith("pyspark.sql.connect"):
+            return None  # Spark Connect: the ledger's path is the server's, which this machine may not see
+        where = {"kind": list(kinds)}
+        if input_key is not None:
+            where["input_path"] = [input_key]
+        rows = localdelta.read_rows(self.path, where)
+        return None if rows is None else [{**dict.fromkeys(COLUMNS), **r} for r in rows]
+
+    def exists_without_spark(self) -> bool:
+        """True when this is a local ledger that delta-rs can read (see ``_rows_without_spark``)."""
+        return localdelta.open_table(self.path) is not None
+
     @_small_table
     def balances(self, input_key: str | None = None) -> list[dict]:
         """Every balance row (input key, guarantee, cap, spent, remaining), as dicts."""
-        if not self.exists():
-            return []
-        df = self.spark.read.format("delta").load(self.path).where("kind = 'balance'")
-        if input_key is not None:
-            df = df.where(df.input_path == input_key)
+        rows = self._rows_without_spark(("balance",), input_key)
+        if rows is not None:
+            rows.sort(key=lambda r: (_nulls_first(r["input_path"]), _nulls_first(r["guarantee"])))
+        else:
+            if not self.exists():
+                return []
+            df = self.spark.read.format("delta").load(self.path).where("kind = 'balance'")
+            if input_key is not None:
+                df = df.where(df.input_path == input_key)
+            rows = [r.asDict() for r in df.orderBy("input_path", "guarantee").collect()]
         out = []
-        for r in df.orderBy("input_path", "guarantee").collect():
-            r = r.asDict()
+        for r in rows:
             cap_eps, cap_delta = r.get("cap_epsilon"), r.get("cap_delta")
             out.append({
                 "input_key": r["input_path"], "input_seen": r.get("input_seen"), "guarantee": r.get("guarantee") or "central",
@@ -578,7 +632,7 @@ class Ledger:
     @_small_table
     def runs(self, input_key: str | None = None):
         """The run events (started, charged, refused, reused, succeeded, failed, killed), oldest first, as dicts."""
-        return self._events("kind = 'run'", input_key)
+        return self._events(("run",), input_key)
 
     @_small_table
     def events(self, input_key: str | None = None, *, run_id: str | None = None, statuses=None,
@@ -593,16 +647,29 @@ class Ledger:
                 raise ValueError(f"statuses={unknown!r}: an event status is one of {list(EVENT_STATUSES)}")
         if last is not None and not (isinstance(last, int) and last >= 1):
             raise ValueError(f"last={last!r} should be a whole number >= 1")
-        return self._events("kind IN ('run', 'admin')", input_key, run_id=run_id, statuses=statuses, since=since,
+        return self._events(("run", "admin"), input_key, run_id=run_id, statuses=statuses, since=since,
                             until=until, last=last)
 
-    def _events(self, where: str, input_key: str | None, *, run_id=None, statuses=None, since=None, until=None,
+    def _events(self, kinds: tuple, input_key: str | None, *, run_id=None, statuses=None, since=None, until=None,
                 last=None):
+        rows = self._rows_without_spark(kinds, input_key)
+        if rows is not None:  # the same selection as the Spark query below, on the rows delta-rs read
+            rows = [r for r in rows if (run_id is None or r["run_id"] == run_id)
+                    and (statuses is None or r["status"] in statuses)
+                    and (since is None or (r["updated_at"] is not None and r["updated_at"] >= _naive_utc(since)))
+                    and (until is None or (r["updated_at"] is not None and r["updated_at"] < _naive_utc(until)))]
+            rows.sort(key=lambda r: (_nulls_first(r["updated_at"]), _nulls_first(r["entry_id"])))
+            return rows[-last:] if last is not None else rows
+        return self._events_with_spark(kinds, input_key, run_id=run_id, statuses=statuses, since=since, until=until,
+                                       last=last)
+
+    def _events_with_spark(self, kinds: tuple, input_key: str | None, *, run_id=None, statuses=None, since=None,
+                           until=None, last=None):
         from pyspark.sql import functions as F
 
         if not self.exists():
             return []
-        df = self.spark.read.format("delta").load(self.path).where(where)
+        df = self.spark.read.format("delta").load(self.path).where(F.col("kind").isin(list(kinds)))
         if input_key is not None:
             df = df.where(df.input_path == input_key)
         if run_id is not None:
@@ -620,6 +687,11 @@ class Ledger:
         else:
             rows = df.orderBy("updated_at", "entry_id").collect()
         return [{**dict.fromkeys(COLUMNS), **r.asDict()} for r in rows]
+
+
+def _nulls_first(value) -> tuple:
+    """A sort key that orders None first, as Spark's ascending ``orderBy`` does."""
+    return (value is not None, value if value is not None else 0)
 
 
 def _naive_utc(value: datetime) -> datetime:
