@@ -122,6 +122,20 @@ def build(args) -> dict:
     return {**paths, **info}
 
 
+def ensure_local_cap(args, built: dict) -> None:
+    """ldp's runs are charged to the input's LOCAL budget (another currency): its cap, set once in the
+    work directory (a set-up step, not measured), when ldp is among the families."""
+    marker = Path(args.work) / "built.json"
+    info = json.loads(marker.read_text())
+    if "ldp" not in args.families or info.get("local_cap"):
+        return
+    from dpspark.privacy.ledger import Ledger
+
+    with bh.session("bench-pipeline-setup") as spark:
+        Ledger(spark, built["ledger"]).set_budget(built["input_key"], CAP, 0.0, guarantee="local")
+    marker.write_text(json.dumps({**info, "local_cap": True}))
+
+
 def history_config(args, paths) -> dict:
     cfg = bs.family_config("auto", paths["table"], args.d, paths["out"])
     cfg["privacy"]["ledger"] = paths["ledger"]
@@ -288,6 +302,7 @@ def main(argv=None) -> int:
     args = parse_args(argv if argv is not None else sys.argv[1:])
     started = time.perf_counter()
     built = build(args)
+    ensure_local_cap(args, built)
     workdir = args.out / "processes"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
