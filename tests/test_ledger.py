@@ -206,10 +206,14 @@ def test_concurrent_full_runs_only_one_succeeds(spark, tmp_path, write_delta):
     assert Ledger(spark, ledger_path).totals(key).spent_epsilon == pytest.approx(1.0)
 
 
-def test_ledger_operations_use_small_table_settings_and_put_the_sessions_back(spark, tmp_path):
+def test_ledger_operations_use_small_table_settings_and_put_the_sessions_back(spark, tmp_path, monkeypatch):
     """The ledger runs its few-row queries with 1 shuffle and 1 snapshot partition, then restores
-    the session's own settings (set or unset), also when the operation raises."""
+    the session's own settings (set or unset), also when the operation raises. (Its Spark path: the
+    refusal below would otherwise be read by delta-rs, without any Spark query.)"""
+    from dpspark import localdelta
     from dpspark.privacy import ledger as ledger_mod
+
+    monkeypatch.setattr(localdelta, "read_rows", lambda *a, **k: None)
 
     seen = []
     real_totals = Ledger.totals.__wrapped__
