@@ -45,6 +45,25 @@ DELTA_CONF = {
     "spark.databricks.delta.merge.materializeSource": "none",
 }
 
+# Object storage (s3a://): Hadoop's S3A connector for Spark's own Hadoop (3.5.0 in pyspark 4.2) and
+# the AWS SDK v2 modules it uses, without the SDK's 600 MB "bundle" (the S3 client and its transfer
+# manager are all S3A needs). Fetched once into their own Ivy directory (``s3a_ivy_dir``) and given
+# to a local session only when one of its paths is on S3 (``build_session(object_store=True)``).
+HADOOP_VERSION = "3.5.0"
+AWS_SDK_VERSION = "2.35.4"  # hadoop-project 3.5.0's aws-java-sdk-v2.version
+S3A_PACKAGES = (f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION},software.amazon.awssdk:s3:{AWS_SDK_VERSION},"
+                f"software.amazon.awssdk:s3-transfer-manager:{AWS_SDK_VERSION}")
+S3A_EXCLUDES = "software.amazon.awssdk:bundle"
+OBJECT_STORE_SCHEMES = ("s3a", "s3", "s3n")
+
+# The Delta LogStore whose commits are exclusive between drivers (dpspark/java/: a conditional PUT
+# on s3a://, a hard link on a local disk), and the schemes dpspark's own sessions use it for. Delta's
+# defaults lose one of two concurrent commits from different drivers on both (see the Java source);
+# the ledger needs exclusion (``dpspark.privacy.ledger.commit_exclusion``).
+LOG_STORE_JAR = str(Path(__file__).resolve().parent / "jars" / "dpspark-logstore.jar")
+EXCLUSIVE_LOG_STORE = "io.dpspark.delta.ExclusiveCreateLogStore"
+EXCLUSIVE_LOG_STORE_SCHEMES = ("s3a", "file")
+
 # Every session, local or spark-submit (a config's spark.conf overrides it): the clip-to-unit
 # expressions of ``tables.prepare_points`` (a CASE chain per feature and a validity filter over
 # all of them) compile to one whole-stage method above HotSpot's 8000-byte JIT limit once d
@@ -106,6 +125,35 @@ def cached_delta_jars() -> list[str]:
         return []
     shipped = _spark_artifacts()
     return sorted(str(p) for p in jars.glob("*.jar") if p.name.startswith("io.delta_") or _artifact(p.name, ivy=True) not in shipped)
+
+
+def s3a_ivy_dir() -> str:
+    return os.path.join(ivy_dir(), "s3a")
+
+
+def uses_object_store(*paths) -> bool:
+    """True if any of ``paths`` (None ignored) is on S3 (``s3a://``, ``s3://``, ``s3n://``)."""
+    return any(isinstance(p, str) and p.split("://", 1)[0].lower() in OBJECT_STORE_SCHEMES and "://" in p
+               for p in paths)
+
+
+def cached_s3a_jars(fetch: bool = False) -> list[str]:
+    """The S3A connector's JARs in ``s3a_ivy_dir`` (fetched first with ``fetch``, once, quietly)."""
+    jars = Path(s3a_ivy_dir()) / "jars"
+    if fetch and not any(jars.glob(f"org.apache.hadoop_hadoop-aws-{HADOOP_VERSION}.jar")):
+        fetch_packages(S3A_PACKAGES, s3a_ivy_dir(), excludes=S3A_EXCLUDES)
+    if not any(jars.glob(f"org.apache.hadoop_hadoop-aws-{HADOOP_VERSION}.jar")):
+        return []
+    return sorted(str(p) for p in jars.glob("*.jar"))
+
+
+def log_store_conf(conf: dict) -> dict:
+    """``spark.delta.logStore.<scheme>.impl`` = ``EXCLUSIVE_LOG_STORE`` for s3a and file, unless ``conf``
+    chooses a store itself (a scheme's own key, or ``spark.delta.logStore.class``): then theirs."""
+    if "spark.delta.logStore.class" in conf:
+        return {}
+    return {f"spark.delta.logStore.{scheme}.impl": EXCLUSIVE_LOG_STORE for scheme in EXCLUSIVE_LOG_STORE_SCHEMES
+            if f"spark.delta.logStore.{scheme}.impl" not in conf}
 
 
 # A small job's JVM spends most of its life warming up: loading classes and compiling the code paths
@@ -267,10 +315,13 @@ def launched_by_spark_submit() -> bool:
 
 
 def build_session(master: str | None = None, app_name: str = "dpspark", conf: dict | tuple = (), testing: bool = False,
-                  small_job: bool = False):
+                  small_job: bool = False, object_store: bool = False):
     """Get or create the SparkSession, with Delta Lake configured. ``small_job``: a new local JVM starts
-    with ``SMALL_JOB_JAVA_OPTIONS`` (see there). With ``$DPSPARK_REMOTE`` or ``$SPARK_REMOTE``: a Spark
-    Connect session to that server (``master``, ``testing`` and ``small_job`` do not apply)."""
+    with ``SMALL_JOB_JAVA_OPTIONS`` (see there). ``object_store``: a new local JVM also gets the S3A
+    connector (``S3A_PACKAGES``, fetched once). Every new local JVM commits to s3a:// and local Delta
+    tables with ``EXCLUSIVE_LOG_STORE`` unless ``conf`` chooses another. With ``$DPSPARK_REMOTE`` or
+    ``$SPARK_REMOTE``: a Spark Connect session to that server (``master``, ``testing``, ``small_job``
+    and ``object_store`` do not apply: the server has its own JARs and settings)."""
     from pyspark.sql import SparkSession
 
     url = remote_url()
@@ -290,10 +341,18 @@ def build_session(master: str | None = None, app_name: str = "dpspark", conf: di
         if not jars:  # first start on this machine: fetch them once, quietly
             fetch_packages(DELTA_PACKAGE, ivy_dir())
             jars = cached_delta_jars()
-        if jars:  # fetched before (scripts/setup.sh): no resolution, no network at start-up
+        if object_store:
+            jars = jars + cached_s3a_jars(fetch=True)
+        if os.path.isfile(LOG_STORE_JAR):
+            jars = jars + [LOG_STORE_JAR]
+            for key, value in log_store_conf(dict(conf)).items():
+                builder = builder.config(key, value)
+        if any("delta-spark" in j for j in jars):  # fetched before (scripts/setup.sh): no resolution at start-up
             builder = builder.config("spark.jars", ",".join(jars))
         else:
             builder = builder.config("spark.jars.packages", DELTA_PACKAGE).config("spark.jars.ivy", ivy_dir())
+            if jars:
+                builder = builder.config("spark.jars", ",".join(jars))
         for key, value in LOCAL_DEFAULTS.items():
             builder = builder.config(key, value)
         if testing:
@@ -310,7 +369,7 @@ def build_session(master: str | None = None, app_name: str = "dpspark", conf: di
     return spark
 
 
-def fetch_packages(packages: str, ivy: str, timeout: float = 1800.0) -> None:
+def fetch_packages(packages: str, ivy: str, timeout: float = 1800.0, excludes: str | None = None) -> None:
     """Resolve Maven ``packages`` into the Ivy directory ``ivy`` with Spark's own launcher, quietly.
 
     ``spark.jars.packages`` makes the launcher print Ivy's resolution report (a screenful of
@@ -335,6 +394,8 @@ def fetch_packages(packages: str, ivy: str, timeout: float = 1800.0) -> None:
             handle.write("# dpspark: only the launcher's package resolution is wanted\n")
         command = [submit, "--master", "local[1]", "--packages", packages, "--conf", f"spark.jars.ivy={ivy}",
                    "--conf", "spark.ui.enabled=false", noop]
+        if excludes:
+            command[-1:-1] = ["--exclude-packages", excludes]
         try:
             done = subprocess.run(command, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, timeout=timeout)
@@ -349,7 +410,7 @@ def fetch_packages(packages: str, ivy: str, timeout: float = 1800.0) -> None:
 
 
 def get_session(app_name: str = "dpspark", master: str | None = None, conf: dict | None = None,
-                log_level: int = logging.INFO):
+                log_level: int = logging.INFO, object_store: bool = False):
     """A SparkSession ready for dpspark, from Python (a notebook, a script): the builder ``dpspark run`` uses.
 
         from dpspark.session import get_session
@@ -378,7 +439,7 @@ def get_session(app_name: str = "dpspark", master: str | None = None, conf: dict
         for key, value in dict(conf or {}).items():
             active.conf.set(key, value)
         return active
-    return build_session(master=master, app_name=app_name, conf=dict(conf or {}))
+    return build_session(master=master, app_name=app_name, conf=dict(conf or {}), object_store=object_store)
 
 
 def reset_py4j_connection(spark=None) -> None:

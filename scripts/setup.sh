@@ -36,3 +36,7 @@ spark.stop()
 PY
 fi
 ls "$DPSPARK_IVY_DIR"/jars/io.delta_delta-spark_*.jar >/dev/null
+if ! ls "$DPSPARK_IVY_DIR"/s3a/jars/org.apache.hadoop_hadoop-aws-*.jar >/dev/null 2>&1; then
+  echo "setup: fetching the S3A connector (hadoop-aws, AWS SDK v2 S3 modules) into $DPSPARK_IVY_DIR/s3a"
+  .venv/bin/python -c 'from dpspark.session import cached_s3a_jars; assert cached_s3a_jars(fetch=True)'
+fi
