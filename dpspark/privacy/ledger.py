@@ -71,6 +71,7 @@ import getpass
 import hashlib
 import logging
 import math
+import os
 import random
 import socket
 import threading
@@ -221,6 +222,66 @@ def _is_conflict(exc: Exception) -> bool:
     ))
 
 
+# Whether two drivers can both commit the same ledger version (one charge then silently lost).
+# Delta's optimistic concurrency needs the storage to refuse a second writer of a commit file. Its
+# stores for HDFS, ADLS Gen2 (abfs) and GCS do (Delta's storage documentation); its S3 store does
+# not between drivers (exists-then-PUT), nor its local-disk store (exists-then-rename, and a local
+# rename replaces its target). dpspark's ExclusiveCreateLogStore does on s3a:// (conditional PUT)
+# and local disks (hard link); Delta's DynamoDB store does on S3.
+SINGLE_WRITER_ENV = "DPSPARK_LEDGER_SINGLE_WRITER"
+_DELTA_EXCLUSIVE_STORES = {"hdfs": "io.delta.storage.HDFSLogStore", "abfs": "io.delta.storage.AzureLogStore",
+                           "abfss": "io.delta.storage.AzureLogStore", "gs": "io.delta.storage.GCSLogStore"}
+_EXCLUSIVE_STORES = ("io.dpspark.delta.ExclusiveCreateLogStore", "io.delta.storage.S3DynamoDBLogStore")
+
+
+@dataclass(frozen=True)
+class CommitExclusion:
+    """What the ledger's storage and the session's Delta log store give: ``exclusive`` (two drivers can
+    never both commit one version), else ``refuse`` (charges are refused) or only a warning (a local
+    disk: the window is a rename's, and dpspark's own sessions close it). ``reason`` says which."""
+    exclusive: bool
+    refuse: bool
+    reason: str
+
+
+def _scheme(path: str) -> str:
+    head = path.split(":", 1)[0].lower() if ":" in path else ""
+    return head if head and ("://" in path or head == "file") and head.isalnum() else "file"
+
+
+def _session_setting(spark, key: str):
+    """A static setting as Delta reads it: the SparkContext's conf (classic), or the server's (Connect)."""
+    from dpspark.session import is_connect
+
+    try:
+        if is_connect(spark):
+            return spark.conf.get(key, None)
+        return spark.sparkContext.getConf().get(key, None)
+    except Exception:
+        return None
+
+
+def commit_exclusion(spark, path: str) -> CommitExclusion:
+    """Does a ledger at ``path`` get exclusive Delta commits between drivers in this session (see above)?"""
+    from dpspark.session import EXCLUSIVE_LOG_STORE, LOG_STORE_JAR
+
+    scheme = _scheme(path)
+    if (os.environ.get(SINGLE_WRITER_ENV) or "").strip().lower() in ("1", "true", "yes"):
+        return CommitExclusion(True, False, f"${SINGLE_WRITER_ENV} states that one driver writes the ledger")
+    store = _session_setting(spark, "spark.delta.logStore.class") or _session_setting(
+        spark, f"spark.delta.logStore.{scheme}.impl")
+    if store in _EXCLUSIVE_STORES or (scheme in _DELTA_EXCLUSIVE_STORES and store in (None, _DELTA_EXCLUSIVE_STORES[scheme])):
+        return CommitExclusion(True, False, f"{scheme} with {store or _DELTA_EXCLUSIVE_STORES[scheme]}")
+    how = (f"start the session with --jars {LOG_STORE_JAR} --conf spark.delta.logStore.{scheme}.impl={EXCLUSIVE_LOG_STORE} "
+           f"(dpspark's own sessions do)" if scheme in ("s3a", "file") else
+           "keep the ledger on s3a:// (with dpspark's log store), a local disk, hdfs://, abfss:// or gs://")
+    reason = (f"the ledger {path} is on {scheme}:, where this session's Delta log store "
+              f"({store or 'Delta default'}) does not stop two drivers from committing the same version: two runs "
+              f"charging at once could both pass and one charge be lost. To make it safe, {how}; if exactly one "
+              f"driver ever writes this ledger, the deployment may state so with ${SINGLE_WRITER_ENV}=1")
+    return CommitExclusion(False, scheme != "file", reason)
+
+
 def actor() -> str:
     """Who is acting, for the event log: user@host."""
     try:
@@ -263,6 +324,20 @@ class Ledger:
         self._ready = False  # the table exists with every column (checked once per instance)
         self._pending: list[tuple] = []  # deferred event rows, written with the next append
         self._lock = threading.Lock()
+        self._exclusion_checked = False
+
+    def require_exclusive_commits(self) -> None:
+        """Before the first charge, budget or claim: ``BudgetRefused`` (exit 3) when the ledger's
+        storage lets two drivers commit the same version (``commit_exclusion``), naming the setting
+        that makes it safe; a warning only for a local disk without dpspark's log store."""
+        if self._exclusion_checked:
+            return
+        exclusion = commit_exclusion(self.spark, self.path)
+        if exclusion.refuse:
+            raise BudgetRefused(f"privacy budget refused: {exclusion.reason}")
+        if not exclusion.exclusive:
+            log.warning("ledger: %s", exclusion.reason)
+        self._exclusion_checked = True
 
     # -- table --------------------------------------------------------------------
 
@@ -355,6 +430,7 @@ class Ledger:
             raise ValueError(f"epsilon={epsilon!r} should be a finite number > 0")
         if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
             raise ValueError(f"delta={delta!r} should be in [0, 1)")
+        self.require_exclusive_commits()
         who = who or actor()
         balance = self._row(
             entry_id=_balance_id(input_key, guarantee), kind="balance", input_path=input_key, epsilon=0.0, delta=0.0,
@@ -407,6 +483,7 @@ class Ledger:
         Ledger's next event (the runner's ``fit_started``, or ``failed``/``killed``), one commit fewer.
         A refusal is always written at once."""
         _check_guarantee(guarantee)
+        self.require_exclusive_commits()
         note = None if private else NOT_PRIVATE_NOTE
         charged = False
         totals = self._refusal_without_spark(input_key, epsilon, delta, requested_epsilon, requested_delta, guarantee)
@@ -518,6 +595,7 @@ class Ledger:
         claim = self._row(
             entry_id=_claim_id(input_key, run_id, charged_attempt), kind="claim", input_path=input_key, run_id=run_id,
             epsilon=0.0, delta=0.0, status="claimed", updated_at=self._now(), attempt=int(attempt))
+        self.require_exclusive_commits()
         legacy_id = _sql_string(f"claim:{run_id}:{int(charged_attempt)}")
         taken = f"t.entry_id = s.entry_id OR (t.entry_id = {legacy_id} AND t.input_path = s.input_path)"
         for attempt_no in range(MAX_ATTEMPTS):
