@@ -176,12 +176,14 @@ def main(argv: list[str] | None = None, spark=None) -> int:
                 result = None if remote_url() else succeeded_before(config, run_id, force=bool(args.force))
             if result is None and spark is None:
                 from dpspark.progress import step
-                from dpspark.session import build_session
+                from dpspark.session import build_session, uses_object_store
 
                 imports = _import_while_the_jvm_starts(config) if args.command == "run" else None
                 with step("start Spark session", before):
                     spark = build_session(config.spark.master, config.spark.app_name, dict(config.spark.conf),
-                                          small_job=args.command == "run" and _small_job(config))
+                                          small_job=args.command == "run" and _small_job(config),
+                                          object_store=uses_object_store(config.input.path, config.privacy.ledger,
+                                                                         config.output.path))
                 if imports is not None:
                     imports.join()
             if args.command == "advance":
@@ -413,9 +415,10 @@ def _ledger_command(args, spark) -> int:
             if shown is not None:
                 return shown
         if spark is None:
-            from dpspark.session import build_session
+            from dpspark.session import build_session, uses_object_store
 
-            spark = build_session(app_name="dpspark-ledger", small_job=True)  # a few small-table operations
+            spark = build_session(app_name="dpspark-ledger", small_job=True,  # a few small-table operations
+                                  object_store=uses_object_store(args.ledger, getattr(args, "input", None)))
         ledger = Ledger(spark, tables.qualify(args.ledger))
         if args.ledger_command == "set-budget":
             key = tables.ledger_key_of(spark, args.input)

@@ -17,7 +17,8 @@ def spark():
 
     # One partition per core: the tests' tables have tens to thousands of rows, and every extra
     # partition is one more task per stage (and Delta's snapshot state one more per commit read).
-    session = build_session(master="local[2]", app_name="dpspark-tests", testing=True,
+    # With the S3A connector: tests/test_object_store.py points s3a:// at a local moto server.
+    session = build_session(master="local[2]", app_name="dpspark-tests", testing=True, object_store=True,
                             conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
                                   "spark.databricks.delta.snapshotPartitions": "1"})
     yield session

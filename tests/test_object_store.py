@@ -1,0 +1,299 @@
+"""Object storage (issue 27): tables, ledger and outputs on s3a://, and a ledger that stays exact when
+separate drivers charge it at once.
+
+A local S3 (moto's server, ``tests/s3mock.py``) stands in for the store; the shared session has the
+S3A connector (``build_session(object_store=True)``) and is pointed at it here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from dpspark.errors import BudgetRefused
+from dpspark.privacy.ledger import SINGLE_WRITER_ENV, Ledger, commit_exclusion
+from dpspark.session import EXCLUSIVE_LOG_STORE, LOG_STORE_JAR
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "dpspark" / "java" / "io" / "dpspark" / "delta" / "ExclusiveCreateLogStore.java"
+
+
+@pytest.fixture(scope="module")
+def s3(spark):
+    from s3mock import S3Server
+
+    server = S3Server()
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    # This JVM started before the server set the AWS variables (drivers started later inherit them):
+    # the same test credentials as Hadoop settings, for this session only.
+    for key, value in {**server.hadoop_conf(), "fs.s3a.access.key": "testing", "fs.s3a.secret.key": "testing"}.items():
+        hadoop.set(key, value)
+    server.create_bucket("lake")
+    yield server
+    server.stop()
+
+
+def test_the_log_store_jar_is_built_from_its_source():
+    """dpspark/jars/dpspark-logstore.jar records the SHA-256 of the source it was built from
+    (scripts/build_logstore.sh): a changed source without a rebuilt jar fails here."""
+    with zipfile.ZipFile(LOG_STORE_JAR) as jar:
+        recorded = jar.read("META-INF/dpspark-logstore.sha256").decode().strip()
+        assert "io/dpspark/delta/ExclusiveCreateLogStore.class" in jar.namelist()
+    assert recorded == hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+
+
+class _Conf:
+    def __init__(self, values):
+        self.values = dict(values)
+
+    def get(self, key, default=None):
+        return self.values.get(key, default)
+
+    def set(self, key, value):
+        self.values[key] = value
+
+    def unset(self, key):
+        self.values.pop(key, None)
+
+
+class _Session:
+    """Only what ``commit_exclusion`` reads: the SparkContext's static conf."""
+
+    def __init__(self, **values):
+        self.sparkContext = type("SC", (), {"getConf": lambda _self: _Conf(values)})()
+        self.conf = _Conf({})  # the session's runtime settings (the ledger's small-table settings)
+
+    def sql(self, text):
+        raise AssertionError(f"no ledger operation may run: {text}")
+
+
+@pytest.mark.parametrize("path, conf, exclusive, refused", [
+    ("s3a://lake/ledger", {}, False, True),  # Delta's S3 store: exists-then-PUT
+    ("s3a://lake/ledger", {"spark.delta.logStore.s3a.impl": "io.delta.storage.S3SingleDriverLogStore"}, False, True),
+    ("s3a://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE}, True, False),
+    ("s3a://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE,
+                           "spark.delta.logStore.class": "io.delta.storage.S3SingleDriverLogStore"}, False, True),
+    ("s3a://lake/ledger", {"spark.delta.logStore.class": "io.delta.storage.S3DynamoDBLogStore"}, True, False),
+    ("s3://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE}, False, True),
+    ("wasbs://c@a.blob.core.windows.net/ledger", {}, False, True),
+    ("hdfs://nn/ledger", {}, True, False),
+    ("abfss://c@a.dfs.core.windows.net/ledger", {}, True, False),
+    ("gs://b/ledger", {}, True, False),
+    ("gs://b/ledger", {"spark.delta.logStore.gs.impl": "io.delta.storage.HDFSLogStore"}, False, True),
+    ("/data/ledger", {}, False, False),  # a local disk: a warning (dpspark's own sessions set its store)
+    ("file:/data/ledger", {"spark.delta.logStore.file.impl": EXCLUSIVE_LOG_STORE}, True, False),
+])
+def test_which_storage_gives_the_ledger_exclusive_commits(path, conf, exclusive, refused, monkeypatch):
+    monkeypatch.delenv(SINGLE_WRITER_ENV, raising=False)
+    found = commit_exclusion(_Session(**conf), path)
+    assert (found.exclusive, found.refuse) == (exclusive, refused), found.reason
+    if refused:
+        assert SINGLE_WRITER_ENV in found.reason
+    monkeypatch.setenv(SINGLE_WRITER_ENV, "1")
+    assert commit_exclusion(_Session(**conf), path).exclusive
+
+
+def test_a_charge_on_an_unsafe_store_is_refused_before_any_ledger_operation(monkeypatch):
+    """Exit 3 (BudgetRefused) naming the setting, and not one SQL statement on the ledger."""
+    monkeypatch.delenv(SINGLE_WRITER_ENV, raising=False)
+    ledger = Ledger(_Session(), "s3a://lake/ledger")
+    for call in (lambda: ledger.charge("k", "r", "dplloyd", 1.0, 0.0), lambda: ledger.set_budget("k", 1.0, 0.0),
+                 lambda: ledger.claim_charge("k", "r", 1, 2)):
+        with pytest.raises(BudgetRefused, match=r"spark\.delta\.logStore\.s3a\.impl=io\.dpspark\.delta\.ExclusiveCreateLogStore"):
+            call()
+
+
+def test_the_shared_session_commits_with_the_exclusive_store(spark):
+    assert spark.sparkContext.getConf().get("spark.delta.logStore.s3a.impl") == EXCLUSIVE_LOG_STORE
+    assert spark.sparkContext.getConf().get("spark.delta.logStore.file.impl") == EXCLUSIVE_LOG_STORE
+
+
+@pytest.mark.parametrize("where", ["s3a", "local"])
+def test_a_second_writer_of_one_commit_file_fails(spark, s3, tmp_path, where):
+    """The store's one promise, on each storage it serves: writing an existing commit file raises
+    FileAlreadyExistsException and leaves the first content."""
+    table = "s3a://lake/once" if where == "s3a" else str(tmp_path / "once")
+    spark.range(3).write.format("delta").mode("overwrite").save(table)
+    jvm = spark._jvm
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    store = getattr(jvm.io.dpspark.delta, "ExclusiveCreateLogStore")(hadoop)
+    commit = jvm.org.apache.hadoop.fs.Path((table if where == "s3a" else "file:" + table) + "/_delta_log/00000000000000000000.json")
+    with pytest.raises(Exception, match="FileAlreadyExistsException"):
+        store.write(commit, jvm.java.util.Collections.singletonList("{}").iterator(), False, hadoop)
+    assert spark.read.format("delta").load(table).count() == 3
+    fresh = jvm.org.apache.hadoop.fs.Path(commit.getParent(), "00000000000000000099.json")
+    store.write(fresh, jvm.java.util.Collections.singletonList('{"x":1}').iterator(), False, hadoop)
+    fs = fresh.getFileSystem(hadoop)
+    assert fs.exists(fresh)
+    fs.delete(fresh, False)
+
+
+DRIVERS, CAP = 6, 3.0
+SAFE_ROUNDS = ("s3a://lake/race-0", "s3a://lake/race-1")  # dpspark's log store
+UNSAFE_ROUNDS = ("s3://lake/race-2",)  # the same bucket, Delta's default S3 log store
+
+
+@pytest.fixture(scope="module")
+def race(spark, s3, tmp_path_factory):
+    """6 driver processes, each charging epsilon 1 against a cap of 3, all released at once, once per
+    ledger of SAFE_ROUNDS and UNSAFE_ROUNDS. Each commit PUT is held 1 s (``S3Server.commit_delay``), so
+    the drivers' commits of one version overlap. {ledger: (charged, refused, errors, ledger total)}."""
+    key = "race-input"
+    paths = SAFE_ROUNDS + UNSAFE_ROUNDS
+    for path in paths:
+        Ledger(spark, path.replace("s3://", "s3a://")).set_budget(key, CAP, 0.0)
+    sync = tmp_path_factory.mktemp("race")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env.pop(SINGLE_WRITER_ENV, None)
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "ledger_race_driver.py"), "--endpoint", s3.endpoint,
+                               "--ledgers", ",".join(paths), "--sync", str(sync), "--name", f"d{i}", "--key", key],
+                              env=env, stdout=subprocess.PIPE, stderr=open(sync / f"stderr-{i}", "w"), text=True)
+             for i in range(DRIVERS)]
+    try:
+        s3.commit_delay = 1.0
+        for r in range(len(paths)):
+            deadline = time.monotonic() + 600
+            while len(list(sync.glob(f"ready-{r}-*"))) < DRIVERS:
+                assert all(p.poll() is None for p in procs), [(sync / f"stderr-{i}").read_text()[-3000:]
+                                                              for i in range(DRIVERS)]
+                assert time.monotonic() < deadline, "drivers did not get ready"
+                time.sleep(0.05)
+            (sync / f"go-{r}").touch()
+        outputs = [p.communicate(timeout=900)[0] for p in procs]
+    finally:
+        s3.commit_delay = 0.0
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), [(sync / f"stderr-{i}").read_text()[-3000:] for i in range(DRIVERS)]
+    results = [json.loads(line) for out in outputs for line in out.splitlines() if line.startswith("{")]
+    rows = {}
+    for r, path in enumerate(paths):
+        got = [x["result"] for x in results if x["round"] == r]
+        assert len(got) == DRIVERS
+        total = Ledger(spark, path.replace("s3://", "s3a://")).totals(key).spent_epsilon
+        rows[path] = (got.count("charged"), got.count("refused"), got.count("error"), total)
+    return rows
+
+
+def test_six_drivers_charging_one_s3a_ledger_at_once_spend_exactly_the_cap(race):
+    """With dpspark's store: in every round exactly 3 of the 6 drivers are charged, 3 are refused, and the
+    ledger's total is exactly 3."""
+    assert [race[p] for p in SAFE_ROUNDS] == [(3, 3, 0, 3.0)] * len(SAFE_ROUNDS)
+
+
+def test_the_same_race_with_deltas_default_s3_store_loses_charges(race):
+    """The same race on Delta's S3SingleDriverLogStore (exists-then-PUT): more drivers are told they were
+    charged than the ledger records: a charge lost, the budget overspent unseen. This is what
+    ``commit_exclusion`` refuses, and why the test above can fail."""
+    charged, _, _, total = race[UNSAFE_ROUNDS[0]]
+    assert charged > total, race
+
+
+def _read_text(spark, uri: str) -> str:
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).open(path)
+    try:
+        return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+
+
+def test_a_daily_job_with_every_path_on_s3a(spark, s3, tmp_path, capsys):
+    """The ledger's administrator sets a budget, a daily job runs, the next day's run pins
+    ``input.version``, ``ledger show`` reads it all back, and a run over the cap is refused: the input
+    table, the ledger and every output on s3a://."""
+    from dpspark.cli import main
+    from test_pipeline import make_config, points_frame
+
+    table, ledger, out = "s3a://lake/daily/points", "s3a://lake/daily/ledger", "s3a://lake/daily/out"
+    spark.createDataFrame(points_frame(100)).write.format("delta").save(table)  # version 0
+    assert main(["ledger", "set-budget", "--ledger", ledger, "--input", table, "--epsilon", "2.5"], spark=spark) == 0
+    cfg, _ = make_config(tmp_path, table, **{"privacy.ledger": ledger, "output.path": out})
+    assert main(["run", "--config", cfg, "--run-id", "day-1"], spark=spark) == 0
+    spark.createDataFrame(points_frame(50, seed=2)).write.format("delta").mode("append").save(table)  # version 1
+    pinned, _ = make_config(tmp_path, table, **{"privacy.ledger": ledger, "output.path": out, "input.version": 0})
+    assert main(["run", "--config", pinned, "--run-id", "day-2"], spark=spark) == 0
+    assert main(["run", "--config", cfg, "--run-id", "day-3"], spark=spark) == 3  # 0.5 of 2.5 left
+
+    runs = {r.run_id: r for r in spark.read.format("delta").load(out + "/runs").collect()}
+    assert {k: (r.status, r.input_version) for k, r in runs.items()} == {
+        "day-1": ("succeeded", 0), "day-2": ("succeeded", 0), "day-3": ("refused", 1)}
+    centers = spark.read.format("delta").load(out + "/centers").groupBy("run_id").count().collect()
+    assert {r.run_id: r["count"] for r in centers} == {"day-1": 3, "day-2": 3}
+    summary = json.loads(_read_text(spark, out + "/summary.json"))
+    assert summary["run_id"] == "day-2" and len(summary["centers"]) == 3
+    assert Ledger(spark, ledger).totals(tables_key(spark, table)).spent_epsilon == pytest.approx(2.0)
+
+    capsys.readouterr()
+    assert main(["ledger", "show", "--ledger", ledger, "--json"], spark=spark) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [b["spent_epsilon"] for b in shown["balances"]] == [pytest.approx(2.0)]
+    assert [e["status"] for e in shown["events"]].count("refused") == 1
+
+
+def tables_key(spark, table):
+    from dpspark import tables
+
+    return tables.ledger_key_of(spark, table)
+
+
+def test_a_pyspark_ml_fit_charges_a_ledger_on_s3a(spark, s3):
+    from pyspark.ml.feature import VectorAssembler
+
+    from dpspark.ml import DPClustering
+    from test_pipeline import points_frame
+
+    table, ledger = "s3a://lake/ml/points", "s3a://lake/ml/ledger"
+    spark.createDataFrame(points_frame(100)).write.format("delta").save(table)
+    Ledger(spark, ledger).set_budget(tables_key(spark, table), 1.0, 1e-5)
+    df = VectorAssembler(inputCols=["x", "y"], outputCol="features", handleInvalid="skip").transform(
+        spark.read.format("delta").load(table))
+    estimator = DPClustering(k=3, epsilon=1.0, delta=1e-6, lower=[0.0, 0.0], upper=[100.0, 100.0],
+                             ledgerPath=ledger, ledgerInput=table)
+    model = estimator.fit(df)
+    assert len(model.clusterCenters()) == 3
+    totals = Ledger(spark, ledger).totals(tables_key(spark, table))
+    assert (totals.spent_epsilon, totals.spent_delta) == (pytest.approx(1.0), pytest.approx(1e-6))
+    with pytest.raises(BudgetRefused):
+        estimator.fit(df)
+
+
+def test_a_partitioned_table_is_pruned_by_input_where_and_charged_on_its_one_balance(spark, s3, tmp_path):
+    """A Delta table partitioned by day on s3a://: ``input.where`` on the partition column becomes a
+    partition filter of the scan (Delta reads only that day's files), and the run is charged to the
+    table's one balance (a filter does not split the budget: docs/privacy.md)."""
+    import numpy as np
+
+    from dpspark import tables
+    from dpspark.cli import main
+    from dpspark.config import load_config
+    from test_pipeline import make_config, points_frame
+
+    table, ledger, out = "s3a://lake/parts/points", "s3a://lake/parts/ledger", "s3a://lake/parts/out"
+    pdf = points_frame(60)
+    pdf["day"] = np.array(["2026-12-01", "2026-12-02", "2026-12-03"])[np.arange(len(pdf)) % 3]
+    spark.createDataFrame(pdf).write.format("delta").partitionBy("day").save(table)
+    key = tables.ledger_key_of(spark, table)
+    Ledger(spark, ledger).set_budget(key, 1.5, 0.0)
+    where = {"input.where": "day = '2026-12-02'", "privacy.ledger": ledger, "output.path": out}
+
+    loaded = tables.load_input(spark, load_config(make_config(tmp_path, table, **where)[0]).input)
+    plan = loaded.df._jdf.queryExecution().executedPlan().toString()
+    partition_filters = plan.split("PartitionFilters: [", 1)[1].split("]", 1)[0]
+    assert "day" in partition_filters and "2026-12-02" in partition_filters, plan
+    assert loaded.ledger_key == key and loaded.df.count() == len(pdf) // 3
+
+    assert main(["run", "--config", make_config(tmp_path, table, **where)[0], "--run-id", "one-day"], spark=spark) == 0
+    assert Ledger(spark, ledger).totals(key).spent_epsilon == pytest.approx(1.0)
+    other_day = dict(where, **{"input.where": "day = '2026-12-03'"})
+    assert main(["run", "--config", make_config(tmp_path, table, **other_day)[0], "--run-id", "next-day"], spark=spark) == 3
