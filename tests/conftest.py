@@ -25,6 +25,22 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def s3(spark):
+    """A local S3 (moto's server, ``tests/s3mock.py``) with a bucket ``lake``, and the shared session
+    pointed at it. Its JVM started before the server set the AWS variables (processes started later
+    inherit them): the same test credentials go to this session as Hadoop settings."""
+    from s3mock import S3Server
+
+    server = S3Server()
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in {**server.hadoop_conf(), "fs.s3a.access.key": "testing", "fs.s3a.secret.key": "testing"}.items():
+        hadoop.set(key, value)
+    server.create_bucket("lake")
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)

@@ -77,6 +77,28 @@ class S3Server:
     def spark_conf(self) -> dict:
         return {f"spark.hadoop.{k}": v for k, v in self.hadoop_conf().items()}
 
+    def spark_defaults(self) -> str:
+        """A deployment's spark-defaults.conf for spark-submit against this server: the S3A connector's
+        JARs and dpspark's log store (shipped to the executors with ``spark.jars``), the store for
+        s3a://, the endpoint, and the test credentials."""
+        from dpspark.session import EXCLUSIVE_LOG_STORE, LOG_STORE_JAR, cached_s3a_jars
+
+        values = {"spark.jars": ",".join(cached_s3a_jars(fetch=True) + [LOG_STORE_JAR]),
+                  "spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE, **self.spark_conf(),
+                  "spark.hadoop.fs.s3a.access.key": "testing", "spark.hadoop.fs.s3a.secret.key": "testing"}
+        return "".join(f"{key} {value}\n" for key, value in values.items())
+
     def stop(self) -> None:
         self.server.shutdown()
         self.thread.join(timeout=10)
+
+
+def read_text(spark, uri: str) -> str:
+    """A small file at a Hadoop URI, read through the session's Hadoop FileSystem."""
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).open(path)
+    try:
+        return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()

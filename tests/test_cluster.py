@@ -42,6 +42,7 @@ from dpspark.cli import main
 from dpspark.privacy.ledger import Ledger
 
 from conftest import ROOT, blobs
+from s3mock import read_text
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import cluster as cluster_script  # noqa: E402  scripts/cluster.py
@@ -228,14 +229,20 @@ def points(spark, tmp_path_factory):
     return base, path
 
 
-def write_config(base: Path, name: str, family: str, input_path: str, ledger: str | None = None, **spark_conf) -> Path:
+def uri(path) -> str:
+    """A local ``path`` relative to the project root; a URI (s3a://...) as it is."""
+    return str(path) if "://" in str(path) else rel(path)
+
+
+def write_config(base: Path, name: str, family: str, input_path: str, ledger: str | None = None,
+                 output: str | None = None, **spark_conf) -> Path:
     algorithm, delta = FAMILIES[family]
     cfg = {
-        "input": {"path": rel(input_path), "format": "delta", "features": ["x", "y"]},
+        "input": {"path": uri(input_path), "format": "delta", "features": ["x", "y"]},
         "domain": {"lower": [0, 0], "upper": [100, 100]},
-        "privacy": {"epsilon": 1.0, "delta": delta, "ledger": rel(ledger) if ledger else None},
+        "privacy": {"epsilon": 1.0, "delta": delta, "ledger": uri(ledger) if ledger else None},
         "algorithm": algorithm,
-        "output": {"path": rel(base / name / "out")},
+        "output": {"path": output or rel(base / name / "out")},
         "seed": 7,
         "unsafe_fixed_seed": True,  # the same noise as the local run: NOT PRIVATE, a test
         "spark": {"conf": {"spark.ui.enabled": False, **CLUSTER_CONF, **spark_conf}},
@@ -248,10 +255,9 @@ def write_config(base: Path, name: str, family: str, input_path: str, ledger: st
 
 def released(spark, config_path: Path):
     cfg = yaml.safe_load(config_path.read_text())
-    out = ROOT / cfg["output"]["path"]
-    centers = spark.read.format("delta").load(str(out / "centers")).orderBy("cluster_id").toPandas()
-    with open(out / "summary.json") as handle:
-        summary = json.load(handle)
+    out = cfg["output"]["path"] if "://" in cfg["output"]["path"] else str(ROOT / cfg["output"]["path"])
+    centers = spark.read.format("delta").load(out + "/centers").orderBy("cluster_id").toPandas()
+    summary = json.loads(read_text(spark, out + "/summary.json"))
     return centers[["x", "y", "noisy_weight"]].to_numpy(dtype=np.float64), summary
 
 
@@ -349,18 +355,26 @@ def _active_tasks(ui: str, executor_id: str) -> int:
 
 
 def test_losing_a_worker_mid_job_changes_nothing_and_charges_once(spark, cluster, package, points, local_release,
-                                                                  tmp_path):
-    base, path = points
-    ledger_path = base / "ledger-worker-loss"
+                                                                  s3, tmp_path):
+    """On object storage (issue 27): the input table, the ledger and the outputs are on s3a:// (a local S3,
+    the ``s3`` fixture); the deployment's spark-defaults.conf gives spark-submit the S3A connector,
+    dpspark's log store and the endpoint."""
+    base, local_path = points
+    path = "s3a://lake/cluster/points"
+    spark.read.format("delta").load(local_path).write.format("delta").mode("overwrite").save(path)
+    ledger_path = "s3a://lake/cluster/ledger-worker-loss"
     input_key = tables.ledger_key_of(spark, path)
-    Ledger(spark, str(ledger_path)).set_budget(input_key, 10.0, 1e-5)  # the administrator's cap, before any run
+    Ledger(spark, ledger_path).set_budget(input_key, 10.0, 1e-5)  # the administrator's cap, before any run
     ui_port = cluster_script.free_port()
-    cfg = write_config(base, "cluster-worker-loss", "maxcover", path, ledger=str(ledger_path),
-                       **{"spark.ui.enabled": True, "spark.ui.port": ui_port})
+    cfg = write_config(base, "cluster-worker-loss", "maxcover", path, ledger=ledger_path,
+                       output="s3a://lake/cluster/worker-loss/out", **{"spark.ui.enabled": True, "spark.ui.port": ui_port})
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(s3.spark_defaults())
     logs = tmp_path / "logs"
     # The deployment keeps Spark's own log in an accounted run (its driver log is the operator's here):
     # the check below reads the driver noticing the lost executor from it.
-    proc = submit(cluster, cfg, "worker-loss", logs, DPSPARK_ACCOUNTED_SPARK_LOG="WARN")
+    proc = submit(cluster, cfg, "worker-loss", logs, DPSPARK_ACCOUNTED_SPARK_LOG="WARN", SPARK_CONF_DIR=str(conf_dir))
     ui = f"http://127.0.0.1:{ui_port}"
     killed_with_tasks = 0
     try:
@@ -396,11 +410,11 @@ def test_losing_a_worker_mid_job_changes_nothing_and_charges_once(spark, cluster
     assert summary["delta_spent"] == local_release["maxcover"][1]["delta_spent"] == 1e-6
     for true in TRUE_CENTERS:  # a real clustering, not two equal empty answers
         assert np.min(np.linalg.norm(centers[:, :2] - np.asarray(true), axis=1)) < 10.0
-    ledger = Ledger(spark, str(ledger_path))
+    ledger = Ledger(spark, ledger_path)
     events = [(e["run_id"], e["attempt"], e["status"], e["epsilon"], e["delta"]) for e in ledger.runs()]
     assert events == [("worker-loss", 1, "started", 0.0, 0.0), ("worker-loss", 1, "charged", 1.0, 1e-6),
                       ("worker-loss", 1, "fit_started", 0.0, 0.0), ("worker-loss", 1, "succeeded", 0.0, 0.0)]
-    assert {e["input_path"] for e in ledger.runs()} == {input_key}  # the driver resolved the relative path
+    assert {e["input_path"] for e in ledger.runs()} == {input_key}  # the s3a table's one balance
     totals = ledger.totals(input_key)
     assert (totals.spent_epsilon, totals.spent_delta) == (1.0, 1e-6)
     assert summary["epsilon_spent"] == 1.0 and summary["attempt"] == 1 and summary["private"] is False

@@ -1,8 +1,8 @@
 """Object storage (issue 27): tables, ledger and outputs on s3a://, and a ledger that stays exact when
 separate drivers charge it at once.
 
-A local S3 (moto's server, ``tests/s3mock.py``) stands in for the store; the shared session has the
-S3A connector (``build_session(object_store=True)``) and is pointed at it here.
+A local S3 (moto's server, ``tests/s3mock.py``; the ``s3`` fixture of conftest.py) stands in for the
+store; the shared session has the S3A connector (``build_session(object_store=True)``).
 """
 
 from __future__ import annotations
@@ -21,24 +21,10 @@ import pytest
 from dpspark.errors import BudgetRefused
 from dpspark.privacy.ledger import SINGLE_WRITER_ENV, Ledger, commit_exclusion
 from dpspark.session import EXCLUSIVE_LOG_STORE, LOG_STORE_JAR
+from s3mock import read_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "dpspark" / "java" / "io" / "dpspark" / "delta" / "ExclusiveCreateLogStore.java"
-
-
-@pytest.fixture(scope="module")
-def s3(spark):
-    from s3mock import S3Server
-
-    server = S3Server()
-    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
-    # This JVM started before the server set the AWS variables (drivers started later inherit them):
-    # the same test credentials as Hadoop settings, for this session only.
-    for key, value in {**server.hadoop_conf(), "fs.s3a.access.key": "testing", "fs.s3a.secret.key": "testing"}.items():
-        hadoop.set(key, value)
-    server.create_bucket("lake")
-    yield server
-    server.stop()
 
 
 def test_the_log_store_jar_is_built_from_its_source():
@@ -198,16 +184,6 @@ def test_the_same_race_with_deltas_default_s3_store_loses_charges(race):
     assert charged > total, race
 
 
-def _read_text(spark, uri: str) -> str:
-    jvm = spark._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).open(path)
-    try:
-        return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-    finally:
-        stream.close()
-
-
 def test_a_daily_job_with_every_path_on_s3a(spark, s3, tmp_path, capsys):
     """The ledger's administrator sets a budget, a daily job runs, the next day's run pins
     ``input.version``, ``ledger show`` reads it all back, and a run over the cap is refused: the input
@@ -230,7 +206,7 @@ def test_a_daily_job_with_every_path_on_s3a(spark, s3, tmp_path, capsys):
         "day-1": ("succeeded", 0), "day-2": ("succeeded", 0), "day-3": ("refused", 1)}
     centers = spark.read.format("delta").load(out + "/centers").groupBy("run_id").count().collect()
     assert {r.run_id: r["count"] for r in centers} == {"day-1": 3, "day-2": 3}
-    summary = json.loads(_read_text(spark, out + "/summary.json"))
+    summary = json.loads(read_text(spark, out + "/summary.json"))
     assert summary["run_id"] == "day-2" and len(summary["centers"]) == 3
     assert Ledger(spark, ledger).totals(tables_key(spark, table)).spent_epsilon == pytest.approx(2.0)
 
@@ -297,3 +273,25 @@ def test_a_partitioned_table_is_pruned_by_input_where_and_charged_on_its_one_bal
     assert Ledger(spark, ledger).totals(key).spent_epsilon == pytest.approx(1.0)
     other_day = dict(where, **{"input.where": "day = '2026-12-03'"})
     assert main(["run", "--config", make_config(tmp_path, table, **other_day)[0], "--run-id", "next-day"], spark=spark) == 3
+
+
+def test_the_dpspark_command_adds_the_s3a_connector_itself(spark, s3, tmp_path):
+    """`dpspark ledger set-budget` and `show` as a user runs them, in their own process: the session dpspark
+    builds gets the S3A connector and its log store from dpspark; the deployment gives only the endpoint
+    (spark-defaults.conf) and the credentials (the AWS variables)."""
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in s3.spark_conf().items()))
+    env = dict(os.environ, SPARK_CONF_DIR=str(conf_dir))
+    env.pop(SINGLE_WRITER_ENV, None)
+    dpspark = str(Path(sys.executable).parent / "dpspark")
+    ledger = "s3a://lake/cli/ledger"
+    spark.range(3).write.format("delta").save("s3a://lake/cli/people")
+    done = subprocess.run([dpspark, "ledger", "set-budget", "--ledger", ledger, "--input", "s3a://lake/cli/people",
+                           "--epsilon", "4"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = subprocess.run([dpspark, "ledger", "show", "--ledger", ledger, "--json"], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert [b["cap_epsilon"] for b in json.loads(shown.stdout)["balances"]] == [4.0]
+    assert Ledger(spark, ledger).balances()[0]["cap_epsilon"] == 4.0
