@@ -182,8 +182,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
                 with step("start Spark session", before):
                     spark = build_session(config.spark.master, config.spark.app_name, dict(config.spark.conf),
                                           small_job=args.command == "run" and _small_job(config),
-                                          object_store=uses_object_store(config.input.path, config.privacy.ledger,
-                                                                         config.output.path))
+                                          object_store=uses_object_store(*_paths(config)))
                 if imports is not None:
                     imports.join()
             if args.command == "advance":
@@ -254,6 +253,13 @@ def _import_while_the_jvm_starts(config):
     thread = threading.Thread(target=work, name="dpspark-imports", daemon=True)
     thread.start()
     return thread
+
+
+def _paths(config) -> list:
+    """Every table location a job config names (input, ledger, outputs, a family's own tables)."""
+    params = config.algorithm.params
+    return [config.input.path, config.privacy.ledger, config.output.path,
+            *(getattr(params, key, None) for key in ("candidate_table", "protocol_path", "reports_path"))]
 
 
 def _small_job(config) -> bool:

@@ -149,11 +149,13 @@ def cached_s3a_jars(fetch: bool = False) -> list[str]:
 
 def log_store_conf(conf: dict) -> dict:
     """``spark.delta.logStore.<scheme>.impl`` = ``EXCLUSIVE_LOG_STORE`` for s3a and file, unless ``conf``
-    chooses a store itself (a scheme's own key, or ``spark.delta.logStore.class``): then theirs."""
-    if "spark.delta.logStore.class" in conf:
+    or the deployment's spark-defaults.conf chooses a store itself (a scheme's own key, or
+    ``spark.delta.logStore.class``): then theirs (the ledger still checks what it gets)."""
+    chosen = set(conf) | _defaults_keys()
+    if "spark.delta.logStore.class" in chosen:
         return {}
     return {f"spark.delta.logStore.{scheme}.impl": EXCLUSIVE_LOG_STORE for scheme in EXCLUSIVE_LOG_STORE_SCHEMES
-            if f"spark.delta.logStore.{scheme}.impl" not in conf}
+            if f"spark.delta.logStore.{scheme}.impl" not in chosen}
 
 
 # A small job's JVM spends most of its life warming up: loading classes and compiling the code paths
@@ -225,8 +227,8 @@ def _driver_java_options(small_job: bool, conf: dict) -> str | None:
     return " ".join(options) or None
 
 
-def _defaults_set_java_options() -> bool:
-    """Does spark-defaults.conf ($SPARK_CONF_DIR, or $SPARK_HOME/conf) set the driver's JVM options?"""
+def _defaults_keys() -> set[str]:
+    """The keys spark-defaults.conf ($SPARK_CONF_DIR, or $SPARK_HOME/conf) sets (none if it is absent)."""
     conf_dir = os.environ.get("SPARK_CONF_DIR")
     if not conf_dir:
         try:
@@ -234,12 +236,19 @@ def _defaults_set_java_options() -> bool:
 
             conf_dir = os.path.join(_find_spark_home(), "conf")
         except Exception:
-            return False
+            return set()
     try:
         with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as handle:
-            return any(line.split()[:1] == ["spark.driver.extraJavaOptions"] for line in handle)
+            # Java properties syntax, as Spark reads it: "key value", "key=value" or "key:value"
+            return {re.split(r"[\s=:]", line.strip(), maxsplit=1)[0] for line in handle
+                    if line.strip() and not line.lstrip().startswith(("#", "!"))}
     except OSError:
-        return False
+        return set()
+
+
+def _defaults_set_java_options() -> bool:
+    """Does spark-defaults.conf set the driver's JVM options?"""
+    return "spark.driver.extraJavaOptions" in _defaults_keys()
 
 
 def is_connect(spark) -> bool:

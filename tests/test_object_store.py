@@ -69,6 +69,8 @@ class _Session:
                            "spark.delta.logStore.class": "io.delta.storage.S3SingleDriverLogStore"}, False, True),
     ("s3a://lake/ledger", {"spark.delta.logStore.class": "io.delta.storage.S3DynamoDBLogStore"}, True, False),
     ("s3://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE}, False, True),
+    ("S3A://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE}, False, True),  # Delta: another scheme
+    ("hdfs:/ledger", {}, True, False),
     ("wasbs://c@a.blob.core.windows.net/ledger", {}, False, True),
     ("hdfs://nn/ledger", {}, True, False),
     ("abfss://c@a.dfs.core.windows.net/ledger", {}, True, False),
@@ -295,3 +297,16 @@ def test_the_dpspark_command_adds_the_s3a_connector_itself(spark, s3, tmp_path):
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert [b["cap_epsilon"] for b in json.loads(shown.stdout)["balances"]] == [4.0]
     assert Ledger(spark, ledger).balances()[0]["cap_epsilon"] == 4.0
+
+
+def test_a_deployment_may_choose_another_log_store(tmp_path, monkeypatch):
+    """dpspark's sessions use its store for s3a and file unless the deployment's spark-defaults.conf (or
+    the session's own settings) chooses one; the ledger then checks what was chosen."""
+    from dpspark.session import log_store_conf
+
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no spark-defaults.conf there
+    both = {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE, "spark.delta.logStore.file.impl": EXCLUSIVE_LOG_STORE}
+    assert log_store_conf({}) == both
+    (tmp_path / "spark-defaults.conf").write_text("# the deployment\nspark.delta.logStore.s3a.impl=io.delta.storage.S3DynamoDBLogStore\n")
+    assert log_store_conf({}) == {"spark.delta.logStore.file.impl": EXCLUSIVE_LOG_STORE}
+    assert log_store_conf({"spark.delta.logStore.class": "x"}) == {}

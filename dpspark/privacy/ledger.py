@@ -245,8 +245,10 @@ class CommitExclusion:
 
 
 def _scheme(path: str) -> str:
-    head = path.split(":", 1)[0].lower() if ":" in path else ""
-    return head if head and ("://" in path or head == "file") and head.isalnum() else "file"
+    """The URI scheme as Delta sees it (case kept: Delta picks a log store by the exact scheme, so an
+    unusual spelling such as ``S3A://`` is an unknown scheme here too); no scheme: a local path."""
+    head = path.split(":", 1)[0] if ":" in path else ""
+    return head if len(head) > 1 and head.isalnum() else "file"
 
 
 def _session_setting(spark, key: str):
