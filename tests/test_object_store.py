@@ -186,30 +186,33 @@ def test_the_same_race_with_deltas_default_s3_store_loses_charges(race):
     assert charged > total, race
 
 
-def test_a_daily_job_with_every_path_on_s3a(spark, s3, tmp_path, capsys):
-    """The ledger's administrator sets a budget, a daily job runs, the next day's run pins
-    ``input.version``, ``ledger show`` reads it all back, and a run over the cap is refused: the input
-    table, the ledger and every output on s3a://."""
+def test_the_demos_job_daily_with_every_path_on_s3a(spark, s3, capsys):
+    """The demo's job (conf/demo.yaml: auto, epsilon 1, delta 1e-6) as a daily pipeline on s3a://: the
+    ledger's administrator sets a budget, day 1 runs, day 2 pins ``input.version`` to day 1's version
+    after new rows arrived, day 3 is refused (the cap is spent), and ``ledger show`` reads it all back;
+    the input table, the ledger and every output (centers, runs, summaries, report) on s3a://."""
     from dpspark.cli import main
-    from test_pipeline import make_config, points_frame
+    from test_pipeline import points_frame
 
     table, ledger, out = "s3a://lake/daily/points", "s3a://lake/daily/ledger", "s3a://lake/daily/out"
     spark.createDataFrame(points_frame(100)).write.format("delta").save(table)  # version 0
-    assert main(["ledger", "set-budget", "--ledger", ledger, "--input", table, "--epsilon", "2.5"], spark=spark) == 0
-    cfg, _ = make_config(tmp_path, table, **{"privacy.ledger": ledger, "output.path": out})
-    assert main(["run", "--config", cfg, "--run-id", "day-1"], spark=spark) == 0
+    assert main(["ledger", "set-budget", "--ledger", ledger, "--input", table, "--epsilon", "2.5",
+                 "--delta", "1e-5"], spark=spark) == 0
+    demo = ["--config", str(ROOT / "conf" / "demo.yaml"), "--set", f"input.path={table}",
+            "--set", f"privacy.ledger={ledger}", "--set", f"output.path={out}"]
+    assert main(["run", *demo, "--run-id", "day-1"], spark=spark) == 0
     spark.createDataFrame(points_frame(50, seed=2)).write.format("delta").mode("append").save(table)  # version 1
-    pinned, _ = make_config(tmp_path, table, **{"privacy.ledger": ledger, "output.path": out, "input.version": 0})
-    assert main(["run", "--config", pinned, "--run-id", "day-2"], spark=spark) == 0
-    assert main(["run", "--config", cfg, "--run-id", "day-3"], spark=spark) == 3  # 0.5 of 2.5 left
+    assert main(["run", *demo, "--set", "input.version=0", "--run-id", "day-2"], spark=spark) == 0
+    assert main(["run", *demo, "--run-id", "day-3"], spark=spark) == 3  # 0.5 of 2.5 left
 
     runs = {r.run_id: r for r in spark.read.format("delta").load(out + "/runs").collect()}
     assert {k: (r.status, r.input_version) for k, r in runs.items()} == {
         "day-1": ("succeeded", 0), "day-2": ("succeeded", 0), "day-3": ("refused", 1)}
     centers = spark.read.format("delta").load(out + "/centers").groupBy("run_id").count().collect()
-    assert {r.run_id: r["count"] for r in centers} == {"day-1": 3, "day-2": 3}
+    assert {r.run_id: r["count"] for r in centers} == {"day-1": 5, "day-2": 5}
     summary = json.loads(read_text(spark, out + "/summary.json"))
-    assert summary["run_id"] == "day-2" and len(summary["centers"]) == 3
+    assert summary["run_id"] == "day-2" and len(summary["centers"]) == 5 and summary["private"] is True
+    assert read_text(spark, out + "/report.html").strip()
     assert Ledger(spark, ledger).totals(tables_key(spark, table)).spent_epsilon == pytest.approx(2.0)
 
     capsys.readouterr()
