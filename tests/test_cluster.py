@@ -325,9 +325,16 @@ def workers_that_ran_tasks(cluster, app: str) -> list[str]:
 def test_each_family_releases_the_local_mode_centers_on_the_cluster(spark, cluster, package, points, local_release,
                                                                     family, tmp_path):
     base, path = points
-    cfg = write_config(base, f"cluster-{family}", family, path)
+    # A ledger on the local disk: the README's command gives the driver dpspark's log store, so the
+    # charge is made (without it, a local ledger's charge is refused, exit 3: not exclusive).
+    ledger_path, guarantee = str(base / f"ledger-{family}"), "local" if family == "ldp" else "central"
+    input_key = tables.ledger_key_of(spark, path)
+    Ledger(spark, ledger_path).set_budget(input_key, 10.0, 1e-5, guarantee=guarantee)
+    cfg = write_config(base, f"cluster-{family}", family, path, ledger=ledger_path)
     rc, stdout, stderr = finish(submit(cluster, cfg, f"cluster-{family}", tmp_path / "logs"), tmp_path / "logs")
     assert rc == 0, stderr[-4000:]
+    totals = Ledger(spark, ledger_path).totals(input_key, guarantee=guarantee)
+    assert (totals.spent_epsilon, totals.spent_delta) == (1.0, FAMILIES[family][1])
     assert "released centers" in stdout
     # both workers' executors ran tasks (their Python has no dpspark: it came from the zip)
     assert workers_that_ran_tasks(cluster, app_id(stderr)) == ["worker1", "worker2"]

@@ -57,11 +57,13 @@ def _start_server(port: int, log_path: str) -> subprocess.Popen:
     if not jars:
         session.fetch_packages(session.DELTA_PACKAGE, session.ivy_dir())
         jars = session.cached_delta_jars()
+    jars = jars + [session.LOG_STORE_JAR]  # as docs/cluster.md's server command: a ledger's charges need it
     home = _find_spark_home()
     conf = {
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
         **session.DELTA_CONF,
+        "spark.delta.logStore.file.impl": session.EXCLUSIVE_LOG_STORE,
         "spark.sql.shuffle.partitions": "4",
         "spark.default.parallelism": "4",
         "spark.databricks.delta.snapshotPartitions": "2",

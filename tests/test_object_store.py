@@ -61,41 +61,45 @@ class _Session:
         raise AssertionError(f"no ledger operation may run: {text}")
 
 
-@pytest.mark.parametrize("path, conf, exclusive, refused", [
-    ("s3a://lake/ledger", {}, False, True),  # Delta's S3 store: exists-then-PUT
-    ("s3a://lake/ledger", {"spark.delta.logStore.s3a.impl": "io.delta.storage.S3SingleDriverLogStore"}, False, True),
-    ("s3a://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE}, True, False),
+@pytest.mark.parametrize("path, conf, exclusive", [
+    ("s3a://lake/ledger", {}, False),  # Delta's S3 store: exists-then-PUT
+    ("s3a://lake/ledger", {"spark.delta.logStore.s3a.impl": "io.delta.storage.S3SingleDriverLogStore"}, False),
+    ("s3a://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE}, True),
     ("s3a://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE,
-                           "spark.delta.logStore.class": "io.delta.storage.S3SingleDriverLogStore"}, False, True),
-    ("s3a://lake/ledger", {"spark.delta.logStore.class": "io.delta.storage.S3DynamoDBLogStore"}, True, False),
-    ("s3://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE}, False, True),
-    ("S3A://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE}, False, True),  # Delta: another scheme
-    ("hdfs:/ledger", {}, True, False),
-    ("wasbs://c@a.blob.core.windows.net/ledger", {}, False, True),
-    ("hdfs://nn/ledger", {}, True, False),
-    ("abfss://c@a.dfs.core.windows.net/ledger", {}, True, False),
-    ("gs://b/ledger", {}, True, False),
-    ("gs://b/ledger", {"spark.delta.logStore.gs.impl": "io.delta.storage.HDFSLogStore"}, False, True),
-    ("/data/ledger", {}, False, False),  # a local disk: a warning (dpspark's own sessions set its store)
-    ("file:/data/ledger", {"spark.delta.logStore.file.impl": EXCLUSIVE_LOG_STORE}, True, False),
+                           "spark.delta.logStore.class": "io.delta.storage.S3SingleDriverLogStore"}, False),
+    ("s3a://lake/ledger", {"spark.delta.logStore.class": "io.delta.storage.S3DynamoDBLogStore"}, True),
+    ("s3://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE}, False),
+    ("S3A://lake/ledger", {"spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE}, False),  # Delta: another scheme
+    ("hdfs:/ledger", {}, True),
+    ("wasbs://c@a.blob.core.windows.net/ledger", {}, False),
+    ("hdfs://nn/ledger", {}, True),
+    ("abfss://c@a.dfs.core.windows.net/ledger", {}, True),
+    ("gs://b/ledger", {}, True),
+    ("gs://b/ledger", {"spark.delta.logStore.gs.impl": "io.delta.storage.HDFSLogStore"}, False),
+    ("/data/ledger", {}, False),  # a local disk with Delta's store: exists-then-rename
+    ("file:/data/ledger", {"spark.delta.logStore.file.impl": "io.delta.storage.HDFSLogStore"}, False),
+    ("file:/data/ledger", {"spark.delta.logStore.file.impl": EXCLUSIVE_LOG_STORE}, True),
 ])
-def test_which_storage_gives_the_ledger_exclusive_commits(path, conf, exclusive, refused, monkeypatch):
+def test_which_storage_gives_the_ledger_exclusive_commits(path, conf, exclusive, monkeypatch):
+    """Every storage without exclusive commits is refused (a local disk too), naming the way out."""
     monkeypatch.delenv(SINGLE_WRITER_ENV, raising=False)
     found = commit_exclusion(_Session(**conf), path)
-    assert (found.exclusive, found.refuse) == (exclusive, refused), found.reason
-    if refused:
+    assert found.exclusive == exclusive, found.reason
+    if not exclusive:
         assert SINGLE_WRITER_ENV in found.reason
     monkeypatch.setenv(SINGLE_WRITER_ENV, "1")
     assert commit_exclusion(_Session(**conf), path).exclusive
 
 
-def test_a_charge_on_an_unsafe_store_is_refused_before_any_ledger_operation(monkeypatch):
-    """Exit 3 (BudgetRefused) naming the setting, and not one SQL statement on the ledger."""
+@pytest.mark.parametrize("path, scheme", [("s3a://lake/ledger", "s3a"), ("/data/ledger", "file")])
+def test_a_charge_on_an_unsafe_store_is_refused_before_any_ledger_operation(path, scheme, monkeypatch):
+    """Exit 3 (BudgetRefused) naming the setting, and not one SQL statement on the ledger: on s3a and on
+    a local disk (a spark-submit or Connect session without dpspark's store)."""
     monkeypatch.delenv(SINGLE_WRITER_ENV, raising=False)
-    ledger = Ledger(_Session(), "s3a://lake/ledger")
+    ledger = Ledger(_Session(), path)
     for call in (lambda: ledger.charge("k", "r", "dplloyd", 1.0, 0.0), lambda: ledger.set_budget("k", 1.0, 0.0),
                  lambda: ledger.claim_charge("k", "r", 1, 2)):
-        with pytest.raises(BudgetRefused, match=r"spark\.delta\.logStore\.s3a\.impl=io\.dpspark\.delta\.ExclusiveCreateLogStore"):
+        with pytest.raises(BudgetRefused, match=rf"spark\.delta\.logStore\.{scheme}\.impl=io\.dpspark\.delta\.ExclusiveCreateLogStore"):
             call()
 
 

@@ -291,6 +291,12 @@ def test_airflow_task_passes_the_cron_lines_application_and_arguments():
     assert cron_args[cron_args.index("--run-id") + 1] == '"daily-$(date' and "+%Y-%m-%d)\"" in cron_args
     # jobs/cluster.py is `dpspark run` with the same arguments.
     assert 'main(["run", *sys.argv[1:]])' in (ROOT / "jobs" / "cluster.py").read_text()
+    # the driver gets dpspark's log store, as in the README's spark-submit command (else a ledger's
+    # charges are refused: commit_exclusion)
+    from dpspark.session import EXCLUSIVE_LOG_STORE, LOG_STORE_JAR
+
+    assert os.path.samefile(ROOT / kw["driver_class_path"], LOG_STORE_JAR)
+    assert kw["conf"] == {"spark.delta.logStore.file.impl": EXCLUSIVE_LOG_STORE}
 
 
 def test_cron_line_with_sigterm_mid_fit_then_the_retry(spark, tmp_path):

@@ -237,10 +237,9 @@ _EXCLUSIVE_STORES = ("io.dpspark.delta.ExclusiveCreateLogStore", "io.delta.stora
 @dataclass(frozen=True)
 class CommitExclusion:
     """What the ledger's storage and the session's Delta log store give: ``exclusive`` (two drivers can
-    never both commit one version), else ``refuse`` (charges are refused) or only a warning (a local
-    disk: the window is a rename's, and dpspark's own sessions close it). ``reason`` says which."""
+    never both commit one version; otherwise every charge, budget and claim is refused), and
+    ``reason``, which says why (and, when not exclusive, which settings make it so)."""
     exclusive: bool
-    refuse: bool
     reason: str
 
 
@@ -269,11 +268,11 @@ def commit_exclusion(spark, path: str) -> CommitExclusion:
 
     scheme = _scheme(path)
     if (os.environ.get(SINGLE_WRITER_ENV) or "").strip().lower() in ("1", "true", "yes"):
-        return CommitExclusion(True, False, f"${SINGLE_WRITER_ENV} states that one driver writes the ledger")
+        return CommitExclusion(True, f"${SINGLE_WRITER_ENV} states that one driver writes the ledger")
     store = _session_setting(spark, "spark.delta.logStore.class") or _session_setting(
         spark, f"spark.delta.logStore.{scheme}.impl")
     if store in _EXCLUSIVE_STORES or (scheme in _DELTA_EXCLUSIVE_STORES and store in (None, _DELTA_EXCLUSIVE_STORES[scheme])):
-        return CommitExclusion(True, False, f"{scheme} with {store or _DELTA_EXCLUSIVE_STORES[scheme]}")
+        return CommitExclusion(True, f"{scheme} with {store or _DELTA_EXCLUSIVE_STORES[scheme]}")
     how = (f"start the session with --jars {LOG_STORE_JAR} --conf spark.delta.logStore.{scheme}.impl={EXCLUSIVE_LOG_STORE} "
            f"(dpspark's own sessions do)" if scheme in ("s3a", "file") else
            "keep the ledger on s3a:// (with dpspark's log store), a local disk, hdfs://, abfss:// or gs://")
@@ -281,7 +280,7 @@ def commit_exclusion(spark, path: str) -> CommitExclusion:
               f"({store or 'Delta default'}) does not stop two drivers from committing the same version: two runs "
               f"charging at once could both pass and one charge be lost. To make it safe, {how}; if exactly one "
               f"driver ever writes this ledger, the deployment may state so with ${SINGLE_WRITER_ENV}=1")
-    return CommitExclusion(False, scheme != "file", reason)
+    return CommitExclusion(False, reason)
 
 
 def actor() -> str:
@@ -330,15 +329,15 @@ class Ledger:
 
     def require_exclusive_commits(self) -> None:
         """Before the first charge, budget or claim: ``BudgetRefused`` (exit 3) when the ledger's
-        storage lets two drivers commit the same version (``commit_exclusion``), naming the setting
-        that makes it safe; a warning only for a local disk without dpspark's log store."""
+        storage lets two drivers commit the same version (``commit_exclusion``), naming the settings
+        that make it safe. A local disk too: Delta's own store for it checks, then renames, and a
+        local rename replaces its target, so two spark-submit drivers (or Connect servers) without
+        dpspark's store could both commit one version of a ledger on a shared disk."""
         if self._exclusion_checked:
             return
         exclusion = commit_exclusion(self.spark, self.path)
-        if exclusion.refuse:
-            raise BudgetRefused(f"privacy budget refused: {exclusion.reason}")
         if not exclusion.exclusive:
-            log.warning("ledger: %s", exclusion.reason)
+            raise BudgetRefused(f"privacy budget refused: {exclusion.reason}")
         self._exclusion_checked = True
 
     # -- table --------------------------------------------------------------------
@@ -673,7 +672,8 @@ class Ledger:
         """Rows of these kinds (and input) of a LOCAL ledger, read by delta-rs without Spark
         (``dpspark.localdelta``), every column of ``SCHEMA`` (null when an older ledger lacks it);
         None when only Spark can read it. A read only: charges and events are written by Spark."""
-        if self.spark is not None and type(self.spark).__module__.startswith("pyspark.sql.connect"):
+        from dpspark.session import is_connect
+        if self.spark is not None and is_connect(self.spark):
             return None  # Spark Connect: the ledger's path is the server's, which this machine may not see
         where = {"kind": list(kinds)}
         if input_key is not None:
