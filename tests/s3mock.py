@@ -79,11 +79,13 @@ class S3Server:
 
     def spark_defaults(self) -> str:
         """A deployment's spark-defaults.conf for spark-submit against this server: the S3A connector's
-        JARs and dpspark's log store (shipped to the executors with ``spark.jars``), the store for
-        s3a://, the endpoint, and the test credentials."""
-        from dpspark.session import EXCLUSIVE_LOG_STORE, LOG_STORE_JAR, cached_s3a_jars
+        JARs on the driver's and the executors' class path (``connector_class_path``: the README's
+        command gives ``--jars`` for dpspark's log store, which would replace a ``spark.jars`` here),
+        the store for s3a://, the endpoint, and the test credentials."""
+        from dpspark.session import EXCLUSIVE_LOG_STORE
 
-        values = {"spark.jars": ",".join(cached_s3a_jars(fetch=True) + [LOG_STORE_JAR]),
+        class_path = os.pathsep.join(connector_class_path())
+        values = {"spark.driver.extraClassPath": class_path, "spark.executor.extraClassPath": class_path,
                   "spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE, **self.spark_conf(),
                   "spark.hadoop.fs.s3a.access.key": "testing", "spark.hadoop.fs.s3a.secret.key": "testing"}
         return "".join(f"{key} {value}\n" for key, value in values.items())
@@ -91,6 +93,28 @@ class S3Server:
     def stop(self) -> None:
         self.server.shutdown()
         self.thread.join(timeout=10)
+
+
+def _artifact(jar_name: str) -> str:
+    """``io.netty_netty-buffer-4.1.126.Final.jar`` (Ivy's name) or ``netty-buffer-4.2.13.Final.jar``
+    (Spark's): ``netty-buffer``."""
+    base = jar_name.split("_", 1)[1] if "_" in jar_name else jar_name
+    found = re.match(r"^(.*?)-\d", base)
+    return found.group(1) if found else base
+
+
+def connector_class_path() -> list[str]:
+    """The S3A connector's JARs for ``extraClassPath``, which comes BEFORE Spark's own JARs: without
+    the libraries Spark already ships (netty, slf4j, httpclient, commons-codec; commons-logging, whose
+    classes Spark's jcl-over-slf4j has). In ``spark.jars`` Spark's copies win anyway (parent first);
+    in front of them the SDK's older netty breaks Spark's RPC."""
+    import pyspark
+
+    from dpspark.session import cached_s3a_jars
+
+    spark_has = {_artifact(name) for name in os.listdir(os.path.join(os.path.dirname(pyspark.__file__), "jars"))}
+    spark_has.add("commons-logging")
+    return [jar for jar in cached_s3a_jars(fetch=True) if _artifact(os.path.basename(jar)) not in spark_has]
 
 
 def read_text(spark, uri: str) -> str:

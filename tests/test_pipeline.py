@@ -364,19 +364,36 @@ def test_unsafe_config_combinations_exit_2_before_spark_starts(tmp_path, capsys)
 
 
 def test_spark_submit_entry_point(tmp_path, spark, write_delta):
-    """jobs/cluster.py under spark-submit: same arguments, exit code passed through, master from spark-submit."""
-    from dpspark.session import cached_delta_jars
+    """jobs/cluster.py under spark-submit: same arguments, exit code passed through, master from spark-submit.
+    With a ledger on the local disk the driver needs dpspark's log store (the README's two flags):
+    without them the charge is refused (exit 3, naming the setting) and nothing is charged or released."""
+    from dpspark.privacy.ledger import Ledger
+    from dpspark.session import EXCLUSIVE_LOG_STORE, LOG_STORE_JAR, cached_delta_jars
 
     path = write_delta(points_frame(50))
+    ledger_path = str(tmp_path / "ledger")
+    set_budget(spark, ledger_path, path)
     # spark-submit's session has Spark's defaults (dpspark's local ones are for its own local sessions):
     # 200 shuffle partitions and 50 per Delta snapshot, hundreds of empty tasks for 150 rows on one core.
     small = {"spark.ui.enabled": False, "spark.sql.shuffle.partitions": 2, "spark.databricks.delta.snapshotPartitions": 1}
-    cfg_path, cfg = make_config(tmp_path, path, spark={"conf": small})
+    cfg_path, cfg = make_config(tmp_path, path, spark={"conf": small}, **{"privacy.ledger": ledger_path})
     submit = os.path.join(os.path.dirname(PY), "spark-submit")
     env = dict(os.environ, PYSPARK_PYTHON=PY, PYSPARK_DRIVER_PYTHON=PY)
-    cmd = [submit, "--master", "local[1]", "--conf", "spark.ui.enabled=false", "--jars", ",".join(cached_delta_jars()),
-           "jobs/cluster.py", "--config", cfg_path, "--run-id", "submitted"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    env.pop("DPSPARK_LEDGER_SINGLE_WRITER", None)
+    cmd = [submit, "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
+    job = ["jobs/cluster.py", "--config", cfg_path, "--run-id", "submitted"]
+    refused = subprocess.run(cmd + ["--jars", ",".join(cached_delta_jars())] + job, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert refused.returncode == 3, refused.stderr[-3000:]
+    assert f"spark.delta.logStore.file.impl={EXCLUSIVE_LOG_STORE}" in refused.stdout + refused.stderr
+    assert not os.path.exists(os.path.join(cfg["output"]["path"], "summary.json"))
+    assert not os.path.exists(os.path.join(cfg["output"]["path"], "centers"))
+    key = tables.ledger_key_of(spark, path)
+    assert Ledger(spark, ledger_path).totals(key).spent_epsilon == 0.0
+    # (--jars: the store's class extends Delta's, so it must be in the class loader of Delta's JARs)
+    store = ["--jars", ",".join(cached_delta_jars() + [LOG_STORE_JAR]),
+             "--conf", f"spark.delta.logStore.file.impl={EXCLUSIVE_LOG_STORE}"]
+    proc = subprocess.run(cmd + store + job, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert read_summary(cfg)["run_id"] == "submitted"
     assert "released centers" in proc.stdout
+    assert Ledger(spark, ledger_path).totals(key).spent_epsilon == 1.0

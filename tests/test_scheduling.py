@@ -295,7 +295,7 @@ def test_airflow_task_passes_the_cron_lines_application_and_arguments():
     # charges are refused: commit_exclusion)
     from dpspark.session import EXCLUSIVE_LOG_STORE, LOG_STORE_JAR
 
-    assert os.path.samefile(ROOT / kw["driver_class_path"], LOG_STORE_JAR)
+    assert os.path.samefile(ROOT / kw["jars"], LOG_STORE_JAR)
     assert kw["conf"] == {"spark.delta.logStore.file.impl": EXCLUSIVE_LOG_STORE}
 
 
