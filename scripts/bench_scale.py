@@ -29,7 +29,7 @@ code path, marked ``~``), peak driver memory from the OS: the Python driver's pe
 way), time per point. A log-log plot of wall time against n per job with the least-squares slope.
 
 Spark passes of maxcover (and of auto's maxcover route) come with ``passes_by_kind``: r = the number of
-signature-histogram passes (one per threshold), the limit r + 1 (+ 1 with private candidates), the
+signature-histogram passes (one per threshold), the limit r + 1 (+ 1 with private candidates, + 1 more from 4 dimensions on: hashed cell counts first), the
 thresholds whose histogram exceeded ``max_signatures`` (``fallback_thresholds``, with
 ``histogram_jobs`` when the fit reports them), and the largest signature histogram
 (``histogram_sizes``), all NON-PRIVATE operational metadata of the fit.
@@ -193,12 +193,14 @@ def utility_sample(df, domain, n: int) -> np.ndarray:
 
 
 def maxcover_extras(operational: dict, private_candidates: bool) -> dict:
-    """r + 1 (+ 1 private candidates) as the pass limit, the fallback thresholds, the largest histogram."""
+    """r + 1 (+ 1 private candidates, + 1 more hash-first) as the pass limit, the fallback thresholds, the largest histogram."""
     by_kind = operational.get("passes_by_kind") or {}
     r = by_kind.get("signature histogram")
     sizes = [int(s) for s in operational.get("histogram_sizes") or [] if s is not None and int(s) >= 0]
     fallbacks = operational.get("fallback_thresholds") or []
-    return {"passes_limit": "" if r is None else int(r) + 1 + int(bool(private_candidates)),
+    # private candidates: one pass, or two from passes.HASH_FIRST_MIN_DIM dimensions on (hashed counts first)
+    cand_passes = int(bool(private_candidates)) + int("candidate cell hashes" in by_kind)
+    return {"passes_limit": "" if r is None else int(r) + 1 + cand_passes,
             "fallback_thresholds": " ".join(str(v) for v in fallbacks),
             "max_histogram": max(sizes) if sizes else "",
             # jobs over a persisted oversized histogram (maxcover's fallback without data passes), if reported
@@ -684,7 +686,7 @@ def write_whole_outputs(results, args, out_dir: Path, elapsed: float) -> None:
     md.append("![whole process time vs n](whole_time_vs_n.png)")
     md.append("")
     md.append("Spark passes: dpspark's from the run's operator record ($DPSPARK_OPERATOR_LOG, NON-PRIVATE), the limit "
-              "r + 1 (+ 1 with private candidates) for maxcover and auto's maxcover route; MLlib approximate (`~`). "
+              "r + 1 (+ 1 with private candidates, + 1 more hash-first from d = 4) for maxcover and auto's maxcover route; MLlib approximate (`~`). "
               "cost / cost(true means) as in results.md (not timed).")
     (out_dir / "whole.md").write_text("\n".join(md) + "\n")
     (out_dir / "whole_meta.json").write_text(json.dumps({

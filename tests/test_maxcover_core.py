@@ -517,9 +517,46 @@ def test_signature_aggregator_keys_are_the_packed_rule_whatever_the_box_keeps(di
         assert np.array_equal(_pack_rows(w[:, : keep.size], keep, 45), np.packbits(full, axis=1))
 
 
+def test_group_sums_and_hash_merges_are_exact_with_wrapping_prefixes_and_colliding_hashes():
+    from dpspark.maxcover import kernels
+
+    big = np.int64(2**62)
+    a = np.array([[big, 1], [big, -2], [-big, 3], [5, 4], [-big, 0], [-big, 0]], dtype=np.int64)
+    starts = np.array([0, 3, 4])
+    # The prefix sums wrap past int64 (2^62 + 2^62); the group sums fit, and come out exact.
+    np.testing.assert_array_equal(kernels._group_sums(a, starts), np.add.reduceat(a, starts, axis=0))
+    np.testing.assert_array_equal(kernels._group_sums(a, np.arange(6)), a)
+
+    r = np.random.default_rng(9)
+    g = r.integers(-3, 4, size=(4000, 12)).astype(np.int32)
+    g[2000:] = g[:2000]  # every cell at least twice
+    g[:300, 1:] = 0  # and some very heavy ones
+    counts = np.ones(4000, dtype=np.int64)
+    sums = r.integers(-(2**19), 2**19, size=(4000, 12))
+    key_type = np.dtype((np.void, 4 * 12))
+    uniq, inverse = np.unique(np.ascontiguousarray(g).view(key_type).reshape(-1), return_inverse=True)
+    inverse = inverse.reshape(-1)
+    want_n = np.bincount(inverse).astype(np.int64)
+    want_s = np.zeros((uniq.shape[0], 12), dtype=np.int64)
+    np.add.at(want_s, inverse, sums)
+    want_g = uniq.view(np.int32).reshape(-1, 12)
+    by_coords = np.lexsort(want_g.T[::-1])
+    want_g, want_n, want_s = want_g[by_coords], want_n[by_coords], want_s[by_coords]
+    for bits in (64, 4, 1):  # 1 and 4 bits: nearly every pair of cells collides
+        h = kernels.cell_hashes(g, bits)
+        assert bits == 64 or h.max() < 2**bits
+        hs, gs, ns, ss = kernels._merge_hashed(h, g, counts, sums)
+        np.testing.assert_array_equal(hs, kernels.cell_hashes(gs, bits))
+        order = np.lexsort(gs.T[::-1])
+        np.testing.assert_array_equal(gs[order], want_g)
+        np.testing.assert_array_equal(ns[order], want_n)
+        np.testing.assert_array_equal(ss[order], want_s)
+    assert len(np.unique(kernels.cell_hashes(want_g))) == want_g.shape[0]  # 64 bits: no collision among these
+
+
 def test_cell_keys_pack_into_int64_exactly_and_give_the_same_cells(monkeypatch):
     """The cell pass's int64 keys (issue 15): every coordinate a point in [-1, 1]^d can get packs and unpacks
-    exactly, d = 50 at side 1/16 keeps the byte keys, and the aggregator's rows are those of the byte keys."""
+    exactly, d = 50 at side 1/16 does not pack, and the aggregator's rows are those of the hash-merged cells."""
     import pandas as pd
 
     from dpspark.maxcover import kernels

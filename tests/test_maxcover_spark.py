@@ -223,6 +223,74 @@ def test_cell_aggregates_drop_cells_below_min_count_on_executors(spark):
         assert n.sum() == 340
 
 
+@pytest.mark.parametrize("dim", [2, 5, 12])
+def test_hash_first_cell_aggregates_equal_the_direct_pass_bit_for_bit(spark, dim):
+    """The hash-first candidate pass releases exactly what the direct pass (the plain rule) does.
+
+    Hostile rows go through the same prepare_points a fit uses (NaN, +-1e308, +-inf, exact
+    duplicates, a point on the box's edge); hash_bits=3 forces collisions between thousands of
+    cells, which must still be aggregated and filtered by their own coordinates and counts. d = 2:
+    the direct pass; d = 5: hash-first, cells merged by packed keys; d = 12: the fine scales' cells
+    do not pack into 62 bits, so the executors merge them by hash (checked against coordinates).
+    """
+    from dpspark import tables
+    from dpspark.maxcover import kernels, passes
+    from dpspark.maxcover.candidates import scale_sides
+
+    r = np.random.default_rng(11 + dim)
+    x = np.clip(r.normal(0.0, 3.0, size=(1200, dim)), -10, 10)
+    x[:60] = x[60:120]  # duplicates: cells of two or more points at every scale
+    x[120:180] = 2.5  # one heavy cell
+    hostile = np.array([[np.nan] * dim, [1e308] * dim, [-np.inf] * dim, [10.0] * dim, [-10.0] * dim])
+    x = np.vstack([x, hostile, hostile])
+    dom = Domain(dim=dim, lower=(-10.0,) * dim, upper=(10.0,) * dim)
+    names = [f"x{j}" for j in range(dim)]
+    raw = spark.createDataFrame(pd.DataFrame(x, columns=names)).repartition(3)
+    df, _ = tables.prepare_points(raw, tuple(names), None, dom, "k")
+    cols = tables.unit_columns(dim)
+    sides = scale_sides(5)
+    rng = np.random.default_rng(dim)
+    shifts = [rng.uniform(0.0, s, size=dim) for s in sides]
+    assert (kernels._cell_key_layout(sides[-1], shifts[-1]) is None) == (dim == 12)
+
+    direct_all = passes.cell_aggregates(df, cols, sides, shifts, min_count=1, method="direct")
+    kept_rows = x.shape[0] - 4  # prepare_points drops the NaN and -inf rows; 1e308 is clipped onto the box
+    assert df.count() == kept_rows and all(int(n.sum()) == kept_rows for _, n, _ in direct_all)
+    for min_count in (1, 2, 3):
+        counter = PassCounter()
+        direct = passes.cell_aggregates(df, cols, sides, shifts, min_count=min_count, method="direct")
+        hashed = passes.cell_aggregates(df, cols, sides, shifts, min_count=min_count, method="hash", counter=counter)
+        colliding = passes.cell_aggregates(df, cols, sides, shifts, min_count=min_count, method="hash", hash_bits=3)
+        assert counter.by_kind == {"candidate cell hashes": 1, "candidate cells": 1}
+        for level, ((g, n, s), (gh, nh, sh), (gc, nc, sc), (ga, na, sa)) in enumerate(
+                zip(direct, hashed, colliding, direct_all)):
+            sel = na >= min_count  # the plain rule: every cell with an exact count >= min_count, nothing else
+            for got in ((g, n, s), (gh, nh, sh), (gc, nc, sc)):
+                np.testing.assert_array_equal(got[0], ga[sel])
+                np.testing.assert_array_equal(got[1], na[sel])
+                np.testing.assert_array_equal(got[2], sa[sel])
+                assert got[0].dtype == got[1].dtype == got[2].dtype == np.int64
+        if min_count == 2:
+            assert sum(int((n == 1).sum()) for _, n, _ in direct_all) > 100  # singletons were dropped
+            assert sum(len(n) for _, n, _ in direct) > 0
+    auto = PassCounter()
+    passes.cell_aggregates(df, cols, sides, shifts, min_count=2, counter=auto)
+    assert auto.passes == (2 if dim >= passes.HASH_FIRST_MIN_DIM else 1)
+    with pytest.raises(ValueError, match="method='grid'"):
+        passes.cell_aggregates(df, cols, sides, shifts, method="grid")
+
+
+def test_hash_first_pass_skips_its_second_stage_when_no_cell_repeats(spark):
+    from dpspark.maxcover import passes
+
+    x = np.random.default_rng(4).uniform(-1, 1, size=(300, 6))  # 6-d, fine cells: every point alone
+    df = spark.createDataFrame(pd.DataFrame(x, columns=[f"_u{j}" for j in range(6)])).repartition(2)
+    counter = PassCounter()
+    out = passes.cell_aggregates(df, [f"_u{j}" for j in range(6)], [0.01], [np.zeros(6)], min_count=2, counter=counter)
+    assert counter.by_kind == {"candidate cell hashes": 1}
+    assert len(out) == 1 and out[0][0].shape == (0, 6) and out[0][1].shape == (0,) and out[0][2].shape == (0, 6)
+
+
 @pytest.fixture(scope="module")
 def blob_df(spark):
     pdf = pd.DataFrame(blob_points(), columns=["x", "y"])

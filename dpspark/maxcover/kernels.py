@@ -415,67 +415,137 @@ def _unpack_cells(key: np.ndarray, layout: tuple[int, int], dim: int) -> np.ndar
     return out
 
 
-def _merge_cells(keys: np.ndarray, counts: np.ndarray, sums: np.ndarray):
-    """Add up rows with equal cell keys (int64 throughout: exact): (unique keys, counts, sums), keys sorted.
+def _group_sums(a: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Sums of the consecutive row groups of int64 ``a`` that begin at ``starts`` (sorted, starts[0] = 0).
 
-    int64 keys (packed cells): one sort. Other keys (raw bytes of the coordinates): ``numpy.unique``.
+    Prefix sums, differenced at the group ends: int64 arithmetic wraps modulo 2**64, so each
+    difference is the group's exact sum whenever that sum fits in int64 (a prefix may wrap on the
+    way). ``numpy.add.reduceat`` gives the same integers but costs about a microsecond per group
+    of 50 columns, and most groups at the fine scales are single points.
     """
-    if keys.dtype == np.int64:
-        order = np.argsort(keys, kind="stable")
-        k = keys[order]
-        starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]])) if k.size else np.zeros(0, dtype=np.int64)
-        return k[starts], np.add.reduceat(counts[order], starts), np.add.reduceat(sums[order], starts, axis=0)
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    order = np.argsort(inverse.reshape(-1), kind="stable")
-    sorted_inv = inverse.reshape(-1)[order]
-    starts = np.concatenate([[0], np.flatnonzero(np.diff(sorted_inv)) + 1])
-    return uniq, np.add.reduceat(counts[order], starts), np.add.reduceat(sums[order], starts, axis=0)
+    if starts.shape[0] == a.shape[0]:
+        return a.copy()
+    ends = np.append(starts[1:], a.shape[0]) - 1
+    c = np.cumsum(a, axis=0)
+    out = c[ends]
+    out[1:] -= c[ends[:-1]]
+    return out
+
+
+def _merge_cells(keys: np.ndarray, counts: np.ndarray, sums: np.ndarray):
+    """Add up rows with equal int64 cell keys (packed cells, exact): (unique keys sorted, counts, sums)."""
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    if not k.size:
+        return k, counts[order], sums[order]
+    starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
+    return k[starts], _group_sums(counts[order], starts), _group_sums(sums[order], starts)
 
 
 _CELL_MERGE_ROWS = 1 << 20  # pending (cell, count, sums) rows of one scale before they are merged
 
+_HASH_SEED = np.uint64(0x243F6A8885A308D3)
+_HASH_MULT = np.uint64(0x9E3779B97F4A7C15)
 
-def cell_aggregator(sides: Sequence[float], shifts: Sequence[np.ndarray], columns: list[str], chunk_rows: int):
-    """``mapInPandas`` function: per (scale, non-empty cell) the exact count and fixed-point offset sums.
 
-    A point's offset from its cell center is clipped to [-side/2, side/2] per
-    coordinate (it lies there up to rounding) and quantized to fixed point
-    (|q| <= offset_limit(side)), so one point changes one cell's sums by at most
-    offset_limit(side) per coordinate. Rows are (level, g0..g{d-1} int32 cell
-    coordinates, n, s0..s{d-1}); only non-empty cells appear. All vectorized: each
-    batch's cells are merged with numpy (``_merge_cells``), never point by point.
+def cell_hashes(g: np.ndarray, bits: int = 64) -> np.ndarray:
+    """A 64-bit hash (as int64) of each row of integer cell coordinates g (rows x d); ``bits`` < 64 keeps
+    only its low bits (tests force collisions with it).
+
+    Deterministic and public (no key, no salt): the same cell gives the same hash on every
+    executor. Two different cells MAY share a hash; the hash-first aggregation
+    (``cell_aggregates(method="hash")``) stays exact whatever the collisions, because the hash
+    only selects which cells are aggregated again by their full coordinates (a collision
+    carries a cell it need not carry, never drops one).
+    """
+    h = np.full(g.shape[0], _HASH_SEED, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(g.shape[1]):
+            h ^= g[:, j].astype(np.int64).view(np.uint64)
+            h *= _HASH_MULT
+            h ^= h >> np.uint64(31)
+        # splitmix64's finalizer: every input bit reaches every output bit
+        h ^= h >> np.uint64(30)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(27)
+        h *= np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(31)
+    if bits < 64:
+        h &= np.uint64((1 << bits) - 1)
+    return h.view(np.int64)
+
+
+def _merge_hashed(h: np.ndarray, g: np.ndarray, counts: np.ndarray, sums: np.ndarray):
+    """Add up rows of equal cells, found by their hashes h: (hashes, cells g, counts, sums), one row per cell.
+
+    Sorting int64 hashes is much faster than sorting d-coordinate keys. Rows with equal hashes are
+    checked to hold equal coordinates; if two different cells share a hash in this input, the rows
+    are merged by their full coordinates instead (``numpy.unique`` on the bytes), so the result is
+    exact either way.
+    """
+    order = np.argsort(h, kind="stable")
+    hs = h[order]
+    same = hs[1:] == hs[:-1]
+    if not same.any():  # every row its own cell (most rows at the fine scales): nothing to add up
+        return h, g, counts, sums
+    gs, cs, ss = g[order], counts[order], sums[order]
+    if np.any(gs[1:][same] != gs[:-1][same]):
+        gs = np.ascontiguousarray(gs)
+        key_type = np.dtype((np.void, gs.itemsize * gs.shape[1]))
+        _, first, inverse = np.unique(gs.view(key_type).reshape(-1), return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        by_cell = np.argsort(inverse, kind="stable")
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(inverse[by_cell])) + 1])
+        return hs[first], gs[first], _group_sums(cs[by_cell], starts), _group_sums(ss[by_cell], starts)
+    starts = np.flatnonzero(np.concatenate([[True], ~same]))
+    return hs[starts], gs[starts], _group_sums(cs, starts), _group_sums(ss, starts)
+
+
+def _merge_counts(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Add up the counts of equal int64 keys: (unique keys sorted, their counts)."""
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    if not k.size:
+        return k, counts[order]
+    starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
+    return k[starts], np.add.reduceat(counts[order], starts)
+
+
+def _in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """values[i] in sorted_set, for a sorted int64 array (binary search, no hashing)."""
+    if not sorted_set.size:
+        return np.zeros(values.shape[0], dtype=bool)
+    idx = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
+    return sorted_set[idx] == values
+
+
+def cell_hash_counter(sides: Sequence[float], shifts: Sequence[np.ndarray], columns: list[str], hash_bits: int = 64):
+    """``mapInPandas`` function, first stage of the hash-first cell pass: per (scale, cell hash) the count.
+
+    Rows (level INT, h LONG, n LONG), merged within the partition: 20 bytes per non-empty
+    cell instead of the 12 d + 12 of :func:`cell_aggregator`'s rows. Its result only chooses
+    which cells the second stage aggregates (those whose hash has a count >= the public
+    ``min_count``); nothing of it is released.
     """
     sides = [float(s) for s in sides]
     shifts = [np.asarray(s, dtype=np.float64) for s in shifts]
-    dim = shifts[0].shape[0]
-    key_type = np.dtype((np.void, 4 * dim))
-    layouts = [_cell_key_layout(side, shift) for side, shift in zip(sides, shifts)]  # int64 keys where they fit
 
     def run(batches):
         import pandas as pd
 
-        pending: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in sides]
+        pending: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in sides]
         rows = [0 for _ in sides]
 
         def compact(level):
             parts = pending[level]
             if len(parts) > 1:
-                merged = _merge_cells(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                                      np.concatenate([p[2] for p in parts]))
-                pending[level] = [merged]
+                pending[level] = [_merge_counts(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))]
             rows[level] = pending[level][0][0].shape[0] if pending[level] else 0
 
         for x in _batches_of_points(batches, columns):
             for level, (side, shift) in enumerate(zip(sides, shifts)):
-                g = cell_indices(x, side, shift)
-                lim = offset_limit(side)
-                q = np.rint((x - cell_centers(g, side, shift)) * SCALE).astype(np.int64)
-                np.clip(q, -lim, lim, out=q)
-                if layouts[level] is not None:
-                    keys = _pack_cells(g, layouts[level])
-                else:
-                    keys = np.ascontiguousarray(g.astype(np.int32)).view(key_type).reshape(-1)
-                pending[level].append(_merge_cells(keys, np.ones(keys.shape[0], dtype=np.int64), q))
+                h = cell_hashes(cell_indices(x, side, shift), hash_bits)
+                pending[level].append(_merge_counts(h, np.ones(h.shape[0], dtype=np.int64)))
                 rows[level] += pending[level][-1][0].shape[0]
                 if rows[level] > _CELL_MERGE_ROWS:
                     compact(level)
@@ -483,11 +553,92 @@ def cell_aggregator(sides: Sequence[float], shifts: Sequence[np.ndarray], column
             compact(level)
             if not pending[level]:
                 continue
-            keys, counts, sums = pending[level][0]
+            keys, counts = pending[level][0]
+            for start in range(0, counts.shape[0], _YIELD_ROWS):
+                sl = slice(start, start + _YIELD_ROWS)
+                yield pd.DataFrame({"level": np.full(counts[sl].shape[0], level, dtype=np.int32),
+                                    "h": keys[sl], "n": counts[sl]})
+
+    return run
+
+
+def cell_aggregator(sides: Sequence[float], shifts: Sequence[np.ndarray], columns: list[str], chunk_rows: int,
+                    only_hashes: Sequence[np.ndarray] | None = None, hash_bits: int = 64):
+    """``mapInPandas`` function: per (scale, non-empty cell) the exact count and fixed-point offset sums.
+
+    A point's offset from its cell center is clipped to [-side/2, side/2] per
+    coordinate (it lies there up to rounding) and quantized to fixed point
+    (|q| <= offset_limit(side)), so one point changes one cell's sums by at most
+    offset_limit(side) per coordinate. Rows are (level, g0..g{d-1} int32 cell
+    coordinates, n, s0..s{d-1}); only non-empty cells appear. All vectorized: each
+    batch's cells are merged with numpy, never point by point: by one int64 key where the
+    scale's coordinates pack into one (``_cell_key_layout``, exact), else by their hashes
+    checked against the coordinates (``_merge_hashed``, exact).
+
+    ``only_hashes`` (the hash-first pass's second stage): per scale a sorted int64 array; only
+    the points whose cell's :func:`cell_hashes` value (with ``hash_bits``) is in it are
+    aggregated (a cell is kept or dropped whole, so every emitted cell's count and sums are its
+    exact ones).
+    """
+    sides = [float(s) for s in sides]
+    shifts = [np.asarray(s, dtype=np.float64) for s in shifts]
+    dim = shifts[0].shape[0]
+    layouts = [_cell_key_layout(side, shift) for side, shift in zip(sides, shifts)]  # int64 keys where they fit
+    if only_hashes is not None:
+        only_hashes = [np.asarray(h, dtype=np.int64) for h in only_hashes]
+
+    def merge(level, parts):
+        def cat(i):
+            return parts[0][i] if len(parts) == 1 else np.concatenate([p[i] for p in parts])
+
+        if layouts[level] is not None:
+            keys, counts, sums = _merge_cells(cat(0), cat(2), cat(3))
+            return keys, None, counts, sums
+        return _merge_hashed(cat(0), cat(1), cat(2), cat(3))
+
+    def run(batches):
+        import pandas as pd
+
+        pending: list[list[tuple]] = [[] for _ in sides]
+        rows = [0 for _ in sides]
+
+        def compact(level):
+            if len(pending[level]) > 1:
+                pending[level] = [merge(level, pending[level])]
+            rows[level] = pending[level][0][0].shape[0] if pending[level] else 0
+
+        for x in _batches_of_points(batches, columns):
+            for level, (side, shift) in enumerate(zip(sides, shifts)):
+                if only_hashes is not None and not only_hashes[level].size:
+                    continue
+                g = cell_indices(x, side, shift)
+                xl = x
+                h = None
+                if only_hashes is not None or layouts[level] is None:
+                    h = cell_hashes(g, hash_bits)
+                if only_hashes is not None:
+                    sel = _in_sorted(h, only_hashes[level])
+                    if not sel.any():
+                        continue
+                    g, xl, h = g[sel], x[sel], h[sel]
+                lim = offset_limit(side)
+                q = np.rint((xl - cell_centers(g, side, shift)) * SCALE).astype(np.int64)
+                np.clip(q, -lim, lim, out=q)
+                ones = np.ones(g.shape[0], dtype=np.int64)
+                if layouts[level] is not None:
+                    pending[level].append(merge(level, [(_pack_cells(g, layouts[level]), None, ones, q)]))
+                else:
+                    pending[level].append(merge(level, [(h, g.astype(np.int32), ones, q)]))
+                rows[level] += pending[level][-1][0].shape[0]
+                if rows[level] > _CELL_MERGE_ROWS:
+                    compact(level)
+        for level in range(len(sides)):
+            compact(level)
+            if not pending[level]:
+                continue
+            keys, g, counts, sums = pending[level][0]
             if layouts[level] is not None:
                 g = _unpack_cells(keys, layouts[level], dim).astype(np.int32)
-            else:
-                g = keys.view(np.int32).reshape(-1, dim) if keys.size else np.zeros((0, dim), dtype=np.int32)
             for start in range(0, counts.shape[0], _YIELD_ROWS):
                 sl = slice(start, start + _YIELD_ROWS)
                 out = {"level": np.full(counts[sl].shape[0], level, dtype=np.int32)}

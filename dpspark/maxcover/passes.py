@@ -29,9 +29,10 @@ Passes (each one Spark job over the data):
   threshold reads the data exactly once, whatever n and d.
 - :func:`snap_counts` (one, at the end): the number of points whose nearest chosen
   center is each center (ties to the lowest index).
-- :func:`cell_aggregates` (private candidates, one for all scales): per
-  randomly shifted grid cell, the exact count and the exact fixed-point sums of
-  the offsets of its points from the cell center.
+- :func:`cell_aggregates` (private candidates, one for all scales; two from
+  ``HASH_FIRST_MIN_DIM`` dimensions on: hashed cell counts first, then the cells
+  whose hash repeats): per randomly shifted grid cell, the exact count and the
+  exact fixed-point sums of the offsets of its points from the cell center.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from dpspark.maxcover.kernels import (
     _chunk_rows,
     _signature_rows,
     cell_aggregator,
+    cell_hash_counter,
     histogram_score_aggregator,
     signature_aggregator,
     snap_aggregator,
@@ -344,18 +346,74 @@ def snap_counts(df, columns: list[str], centers, counter: PassCounter | None = N
     return counts
 
 
+HASH_FIRST_MIN_DIM = 4  # from this dimension on, cell_aggregates carries full cell keys only for repeated hashes
+
+
 def cell_aggregates(df, columns: list[str], sides: Sequence[float], shifts: Sequence[np.ndarray], min_count: int = 1,
-                    counter: PassCounter | None = None, timings: dict | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """One pass for all scales: per scale (cell coordinates int64 (c, d), exact counts (c,), exact fixed-point sums (c, d)).
+                    counter: PassCounter | None = None, timings: dict | None = None,
+                    method: str = "auto", hash_bits: int = 64) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per scale (cell coordinates int64 (c, d), exact counts (c,), exact fixed-point sums (c, d)).
 
     Only cells with an exact count >= ``min_count`` (public) appear; the filter runs on the
     executors, so the driver only receives those. Rows are sorted by cell coordinates, so the order
     (and with a seeded noise source the draws) does not depend on the partitioning.
+
+    ``method`` (public; ``auto``: ``hash`` from ``HASH_FIRST_MIN_DIM`` dimensions on, else ``direct``):
+
+    - ``direct``: one pass; every non-empty cell's (level, d coordinates, count, d sums) row goes
+      through the shuffle. In 2-3 dimensions the rows are short and most cells are repeated.
+    - ``hash``: in d dimensions nearly every point is alone in its cell at the fine scales, and those
+      rows (12 d + 12 bytes and more) made the shuffle. First a pass that shuffles only
+      (level, 64-bit cell hash, count) (:func:`~dpspark.maxcover.kernels.cell_hash_counter`) and
+      collects the hashes whose count is >= ``min_count``; then, if any, a pass that aggregates only
+      the cells with those hashes, by their full coordinates, exactly as ``direct`` does. A cell
+      with count >= ``min_count`` has a hash count >= ``min_count``, so it is kept; a cell that
+      shares its hash with another is aggregated by its own coordinates and filtered by its own
+      count. So the result is ``direct``'s, bit for bit (a test holds it to that, with hostile rows
+      and collisions forced by ``hash_bits`` < 64). Two passes over the persisted points instead
+      of one; at d = 50, 10^6 points (local[2]) 17-21 s instead of 60-68 s.
     """
+    dim = len(columns)
+    if method == "auto":
+        method = "hash" if dim >= HASH_FIRST_MIN_DIM else "direct"
+    if method not in ("direct", "hash"):
+        raise ValueError(f"method={method!r} should be 'auto', 'direct' or 'hash'")
+    only_hashes = None
+    if method == "hash":
+        only_hashes = _repeated_cell_hashes(df, columns, sides, shifts, min_count, hash_bits, counter, timings)
+        if not any(h.size for h in only_hashes):
+            empty = (np.zeros((0, dim), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, dim), dtype=np.int64))
+            return [empty for _ in sides]
+    return _cell_rows(df, columns, sides, shifts, min_count, only_hashes, hash_bits, counter, timings)
+
+
+def _repeated_cell_hashes(df, columns, sides, shifts, min_count, hash_bits, counter, timings) -> list[np.ndarray]:
+    """Per scale, the sorted int64 cell hashes with an exact count >= ``min_count`` (NOT released: they
+    only choose which cells the next pass aggregates)."""
+    from pyspark.sql import functions as F
+
+    fn = cell_hash_counter(sides, shifts, columns, hash_bits)
+    with step(f"maxcover pass: grid cell hash counts at {len(sides)} scales", timings):
+        pdf = (
+            df.mapInPandas(fn, "level INT, h LONG, n LONG")
+            .groupBy("level", "h")
+            .agg(F.sum("n").alias("n"))
+            .where(F.col("n") >= F.lit(int(min_count)))
+            .select("level", "h")
+            .toPandas()
+        )
+        if counter is not None:
+            counter.add("candidate cell hashes")
+    levels = pdf["level"].to_numpy(dtype=np.int64) if len(pdf) else np.zeros(0, dtype=np.int64)
+    hashes = pdf["h"].to_numpy(dtype=np.int64) if len(pdf) else np.zeros(0, dtype=np.int64)
+    return [np.sort(hashes[levels == level]) for level in range(len(sides))]
+
+
+def _cell_rows(df, columns, sides, shifts, min_count, only_hashes, hash_bits, counter, timings):
     from pyspark.sql import functions as F
 
     dim = len(columns)
-    fn = cell_aggregator(sides, shifts, columns, 1 << 16)
+    fn = cell_aggregator(sides, shifts, columns, 1 << 16, only_hashes=only_hashes, hash_bits=hash_bits)
     gcols = [f"g{j}" for j in range(dim)]
     scols = [f"s{j}" for j in range(dim)]
     schema = "level INT, " + ", ".join(f"{c} INT" for c in gcols) + ", n LONG, " + ", ".join(f"{c} LONG" for c in scols)
