@@ -127,11 +127,11 @@ _COMMON = (
 # from the families' own key lists (``KEYS`` in dpspark/<family>/params.py).
 _FAMILY_OPTIONS = (
     # maxcover
-    ("candidates", _T.toString, "where the candidate centers come from: private (a DP generator, charged) "
-                                "| grid | random | table (public)."),
+    ("candidates", _T.toString, "where the candidate centers come from: private (DP grid cells) | tree (DP "
+                                "LSH-tree leaves, no delta) (both charged) | grid | random | table (public)."),
     ("candidate_table", _T.toString, "path of a PUBLIC Delta table of candidate points (candidates=table); "
                                      "its columns are named like the features."),
-    ("candidate_count", _T.toInt, "grid/random: about this many candidates; private: at most this many."),
+    ("candidate_count", _T.toInt, "grid/random: about this many candidates; private/tree: at most this many."),
     ("candidate_scales", _T.toInt, "private candidates: number of grid scales."),
     ("coverage_approx", _T.toFloat, "a in the coverage thresholds t_i = (1+a)^(i-1) Delta^p / N, in (0, 1)."),
     ("eps_split", _T.toListFloat, "fractions of epsilon [candidates, coverage, counts] ([coverage, counts] "

@@ -13,7 +13,8 @@ Jobs per (n, d) of the fit mode:
 
 - ``auto``: ``AutoClustering(k=10, epsilon=1, delta=1e-6, objective="kmeans")``, the default family of
   ``dpspark run`` (d <= 3: maxcover with grid candidates; else the private tree coreset + DP Lloyd steps);
-- ``maxcover``: ``MaxCover(k=10, epsilon=1, delta=1e-6, objective="kmeans")`` (private candidates);
+- ``maxcover``: ``MaxCover(k=10, epsilon=1, delta=1e-6, objective="kmeans")`` (its default candidates for d:
+  private grid cells for d <= 3, the private LSH tree's leaves above);
 - ``dplloyd``: ``DPLloyd(k=10, epsilon=1)`` (default variant allocation_nk, 12 iterations);
 - ``ldp``: ``LocalDP(k=10, epsilon=1, objective="kmeans")`` (simulate mode);
 - ``mllib``: ``pyspark.ml.clustering.KMeans(k=10, maxIter=20, tol=1e-4)`` (default k-means|| init) on
@@ -305,7 +306,7 @@ def family_config(job: str, table: str, d: int, out_dir: str, tiny: bool = False
     algorithm = {"name": job, "objective": "kmeans", "k": K}
     delta = DELTA
     if job == "maxcover":
-        algorithm.update(candidates="private", candidate_count=200 if tiny else 1000)
+        algorithm.update(candidate_count=200 if tiny else 1000)  # its default candidates for d (private / tree)
     elif job == "dplloyd":
         algorithm.update(variant="allocation_nk", iterations=3 if tiny else 12)
         delta = 0.0  # pure epsilon-DP: the family refuses a configured delta

@@ -17,9 +17,11 @@ import pytest
 
 from dpspark.config import load_config
 from dpspark.errors import ConfigError
+from dpspark.maxcover import candidates as cand_mod
 from dpspark.maxcover import core
 from dpspark.maxcover.candidates import stability_threshold
 from dpspark.maxcover.estimator import MaxCover
+from dpspark.maxcover.params import budget_split
 from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
@@ -309,7 +311,7 @@ def candidate_table(spark, tmp_path_factory):
     return path, rows
 
 
-@pytest.mark.parametrize("mode", ["grid", "random", "private", "table"])
+@pytest.mark.parametrize("mode", ["grid", "random", "private", "table", "tree"])
 def test_total_charge_equals_epsilon_and_delta(blob_df, candidate_table, mode):
     extra = {"candidate_table": candidate_table[0]} if mode == "table" else {}
     est = MaxCover(k=4, epsilon=3.0, delta=DELTA, domain=BOX, objective="kmedian", candidates=mode,
@@ -327,6 +329,11 @@ def test_total_charge_equals_epsilon_and_delta(blob_df, candidate_table, mode):
     if mode == "private":
         assert len(steps) == 2 + 5  # five scales
         assert math.isclose(cov["epsilon"], 0.3 * 3.0) and math.isclose(cov["delta"], DELTA / 2)
+    elif mode == "tree":  # root count, the levels walked, the leaf sums: (0.4 * 3, 0); the coverage gets all of delta
+        tree_charges = [c for c in model.charges if c["step"].startswith(cand_mod.TREE_LABEL)]
+        assert len(tree_charges) >= 3 and len(steps) == 2 + len(tree_charges)
+        assert math.isclose(math.fsum(c["epsilon"] for c in tree_charges), 0.4 * 3.0) and all(c["delta"] == 0 for c in tree_charges)
+        assert math.isclose(cov["epsilon"], 0.3 * 3.0) and cov["delta"] == DELTA
     else:
         assert len(steps) == 2
         assert math.isclose(cov["epsilon"], 1.5) and cov["delta"] == DELTA
@@ -335,7 +342,9 @@ def test_total_charge_equals_epsilon_and_delta(blob_df, candidate_table, mode):
     assert r == core.thresholds(BOX.unit_diameter, 1, info["candidate_count"], 0.8).size
     # Pass counts depend on the data: NON-PRIVATE operational metadata, never on the model.
     assert "spark_passes" not in info and "histogram_sizes" not in info
-    assert operational["spark_passes"] <= r + 1 + (1 if mode == "private" else 0)
+    assert operational["spark_passes"] <= r + 1 + (1 if mode in ("private", "tree") else 0)
+    if mode == "tree":
+        assert operational["passes_by_kind"]["tree"] == 1
     assert model.centers.shape == (4, 2)
     # The clusters are found: every blob center has a released center nearby (64 random
     # candidates in a 100 x 100 box are about 12 units apart, so that mode gets more slack).
@@ -382,6 +391,12 @@ def test_config_validation(tmp_path):
     assert params.solver == "local_search"
     params = load_config(cfg, ["algorithm.eps_split=0.1,0.6,0.3"]).algorithm.params
     assert (params.eps_candidates, params.eps_coverage, params.eps_counts) == (0.1, 0.6, 0.3)
+    params = load_config(cfg, ["algorithm.candidates=tree"]).algorithm.params  # charged epsilon, no delta
+    assert (params.eps_candidates, params.eps_coverage, params.eps_counts, params.delta_candidates) == (0.4, 0.3, 0.3, 0.0)
+    assert budget_split(2.0, 1e-6, params) == {"candidates": (0.8, 0.0), "coverage": (2.0 - 0.8 - 0.6, 1e-6), "counts": (0.6, 0.0)}
+    with pytest.raises(ConfigError, match="candidates=tree spends no delta") as err:
+        load_config(cfg, ["algorithm.candidates=tree", "algorithm.delta_candidates=0.3"])
+    assert err.value.key == "algorithm.delta_candidates"
     bad = {
         "privacy.delta=0": "privacy.delta",
         "algorithm.candidates=table": "algorithm.candidate_table",

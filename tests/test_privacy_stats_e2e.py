@@ -602,3 +602,87 @@ def test_dplloyd_end_to_end_extreme_record_and_broken_variants_are_caught(monkey
         _remove_kernel_clamps(mp)
         cb, sb = _lloyd_exact(d1, clamp=False)
         assert loss(cb, sb, 5) > eps_t + MARGIN
+
+
+# ----------------------------------------------------------------------------
+# candidates: tree (maxcover's LSH-tree candidates): the loss of the released tree structure, end to end
+# through cand_mod.tree_candidates, against the tree level epsilon the accountant CHARGED
+
+TREE_DIM = 5
+TREE_EPS_CAND = 1.0 / cand_mod.TREE_LEVELS_SHARE  # eps_tree = 1: two levels of 0.5 each, tau = 3 / 0.5 = 6
+
+
+def _tree_rows(n_right: int):
+    """30 rows on the left and n_right on the right of the first public hyperplane (seed 0's)."""
+    from dpspark.auto import kernels as tree_kernels
+    from dpspark.auto import tree
+    from dpspark.privacy.fixedpoint import quantize
+
+    w, b = tree_kernels.fixed_planes(*tree.draw_planes(np.random.default_rng(0), tree.max_depth(TREE_DIM), TREE_DIM))
+    pool = np.random.default_rng(99).uniform(-1, 1, size=(4000, TREE_DIM))
+    bit = (quantize(pool) @ w[0]) > b[0]
+    return np.vstack([pool[~bit][:30], pool[bit][:n_right]])
+
+
+def _tree_right_kept(n_right: int, runs: int, seed: int, level_eps: list) -> np.ndarray:
+    from dpspark.auto import tree
+
+    agg = tree.numpy_tree_aggregates(_tree_rows(n_right))
+    dom = Domain(dim=TREE_DIM, lower=(-1.0,) * TREE_DIM, upper=(1.0,) * TREE_DIM)
+    noise = SeededNoise(seed)
+    out = np.empty(runs, dtype=np.int64)
+    for r in range(runs):
+        acc = Accountant(TREE_EPS_CAND, 0.0, noise)
+        _, info = cand_mod.tree_candidates(agg, dom, 50, 1, TREE_EPS_CAND, acc, np.random.default_rng(0))
+        out[r] = any(level >= 1 and (prefix >> (level - 1)) == 1 for level, prefix in info["leaf_nodes"])
+        acc.finish()  # exactly eps_cand, no delta, whatever the walk did
+        if r == 0:
+            level_eps.extend(c["epsilon"] for c in acc.summary() if "tree level 1/" in c["step"])
+    return out
+
+
+class _HalfNoiseTreeLevels(LaplaceMechanism):
+    """Broken: the tree levels get half the noise their charge pays for."""
+
+    def release(self, exact, noise):
+        if self.sensitivity == 1.0 and math.isclose(self.epsilon, 0.5):
+            return LaplaceMechanism(self.epsilon * 2, self.sensitivity, self.unit).release(exact, noise)
+        return super().release(exact, noise)
+
+
+def test_tree_candidates_structure_loss_is_within_the_charged_level_epsilon_and_half_noise_is_caught(monkeypatch):
+    """One record added on the right of the first cut of maxcover's tree candidates (k = 1, walk fixed at
+    2 levels). "The right node is a leaf" is a function of the level-1 release only, whose charge is
+    eps_level = 0.5 (read from the accountant): 6 vs 7 rows on the right give P(kept) 0.62 vs 0.77, a loss
+    of 0.50, tight. 4,000 runs a side (se <= 0.05 per bin): a correct release exceeds eps_level + 7 se
+    with probability < 1e-8; with half the noise at the levels the loss is 1.0 and is caught (8,000 runs)."""
+    from dpspark.auto import tree
+
+    monkeypatch.setattr(tree, "depth_for", lambda noisy_n, k, limit: 2)
+    charged: list = []
+    ratios = binned_log_ratios(_tree_right_kept(6, 4000, 1, charged), _tree_right_kept(7, 4000, 2, []))
+    assert charged and math.isclose(charged[0], 0.5)
+    assert len(ratios) == 2
+    assert worst_excess(ratios, charged[0]) <= Z_BOUND
+    assert max(abs(lr) for lr, _ in ratios.values()) >= 0.3  # power: the loss is really measured (true 0.50)
+    monkeypatch.setattr(tree, "LaplaceMechanism", _HalfNoiseTreeLevels)
+    broken = binned_log_ratios(_tree_right_kept(6, 8000, 3, []), _tree_right_kept(7, 8000, 4, []))
+    assert worst_excess(broken, charged[0]) > Z_BOUND
+
+
+def test_tree_candidates_charge_exactly_eps_cand_and_no_delta():
+    from dpspark.auto import tree
+
+    x = np.clip(np.random.default_rng(3).normal(0.2, 0.1, size=(3000, TREE_DIM)), -1, 1)
+    dom = Domain(dim=TREE_DIM, lower=(-1.0,) * TREE_DIM, upper=(1.0,) * TREE_DIM)
+    for eps_cand in (0.05, 0.4, 2.0):
+        acc = Accountant(eps_cand, 0.0, SeededNoise(5))
+        cand, info = cand_mod.tree_candidates(tree.numpy_tree_aggregates(x), dom, 40, 3, eps_cand, acc,
+                                              np.random.default_rng(1))
+        acc.finish()
+        assert math.isclose(acc.spent_epsilon, eps_cand, rel_tol=1e-12) and acc.spent_delta == 0.0
+        steps = [c["step"] for c in acc.summary()]
+        assert all(s.startswith(cand_mod.TREE_LABEL) for s in steps) and any("leaf sums" in s for s in steps)
+        assert 3 <= cand.shape[0] <= 40 and cand.shape[1] == TREE_DIM and np.all(np.abs(cand) <= 1.0)
+        assert len(info["leaf_nodes"]) + info["padded_public_points"] >= cand.shape[0]
+    assert sum(cand_mod.tree_split(0.7)) == pytest.approx(0.7, rel=1e-15)

@@ -8,6 +8,9 @@
 - ``private``: a DP candidate generator in the spirit of the paper's section 5
   (see :func:`private_candidates`): noisy heavy cells of randomly shifted grids at
   several scales, candidates at the noisy means of the heavy cells.
+- ``tree``: the private LSH tree of ``dpspark.auto.tree`` (see :func:`tree_candidates`):
+  random hyperplane cells, which stay populated in any d, candidates at the noisy
+  means of its leaves. Pure epsilon-DP (spends no delta).
 
 Privacy of the private generator
 --------------------------------
@@ -62,6 +65,7 @@ import math
 import numpy as np
 
 from dpspark import tables
+from dpspark.auto import tree
 from dpspark.errors import SchemaError
 from dpspark.maxcover import core, kernels, passes
 from dpspark.privacy.accountant import Accountant
@@ -234,3 +238,53 @@ def private_candidates(df, columns: list[str], domain: Domain, count: int, scale
                     cand.shape[0], k, padded)
         cand = np.vstack([cand, domain.sample_unit(rng, padded)])
     return cand, {"scales": info, "padded_public_points": padded}
+
+
+# ----------------------------------------------------------------------------
+# candidates: tree
+
+TREE_LABEL = "maxcover tree candidates"
+TREE_ROOT_SHARE = 0.08  # of eps_cand: the noisy row count (tree root) ...
+TREE_LEVELS_SHARE = 0.37  # ... the tree levels' noisy counts; the leaf sums get the rest (0.55)
+
+
+def tree_split(eps_cand: float) -> tuple[float, float, float]:
+    """(eps_root, eps_tree, eps_sums) of the tree candidates: public (eps_cand only), adding up to eps_cand."""
+    eps_root = TREE_ROOT_SHARE * eps_cand
+    eps_tree = TREE_LEVELS_SHARE * eps_cand
+    return eps_root, eps_tree, eps_cand - eps_root - eps_tree
+
+
+def tree_candidates(aggregate, domain: Domain, count: int, k: int, eps_cand: float, accountant: Accountant,
+                    rng: np.random.Generator):
+    """``candidates: tree``: the noisy means of the leaves of the private LSH tree. Returns (candidates, info).
+
+    Privacy: exactly ``dpspark.auto.tree.private_coreset`` (its module docstring has the argument:
+    a noisy root count, one noisy count vector per level of L1 sensitivity 1 composed over the
+    levels walked, the unwalked levels' budget moved to one release of the disjoint leaves' sums
+    of L1 sensitivity d), with eps_root + eps_tree + eps_sums = eps_cand (``tree_split``, public)
+    and no delta: (eps_cand, 0)-DP under add/remove of one record, charged through the run's
+    accountant, whatever the walk does. It composes with the coverage loop and the final counts
+    by basic composition, as the grid generator does. ``aggregate(w, b)``: the exact per-deepest-path
+    counts and sums (``dpspark.auto.tree.spark_tree_aggregates``: one Spark pass; numpy in tests).
+
+    Post-processing: the leaves' noisy means (clipped into the domain), the ``count`` with the
+    highest noisy counts first, duplicates dropped, padded with public random points to k.
+    """
+    eps_root, eps_tree, eps_sums = tree_split(eps_cand)
+    coreset = tree.private_coreset(aggregate, domain, k, eps_root, lambda noisy_n: (eps_tree, eps_sums), accountant,
+                                   rng, label=TREE_LABEL)
+    order = np.argsort(-coreset.weights, kind="stable")[: int(count)]
+    cand = coreset.points[order].reshape(-1, domain.dim)
+    if cand.shape[0]:
+        _, first = np.unique(cand, axis=0, return_index=True)
+        cand = cand[np.sort(first)]
+    padded = 0
+    if cand.shape[0] < k:
+        padded = k - cand.shape[0]
+        log.warning("maxcover: the private tree released %d leaves (< k=%d); adding %d public random points",
+                    cand.shape[0], k, padded)
+        cand = np.vstack([cand, domain.sample_unit(rng, padded)])
+    info = {"tree": dict(coreset.info), "padded_public_points": padded,
+            "leaf_nodes": [coreset.leaf_nodes[i] for i in order]}
+    return cand, info

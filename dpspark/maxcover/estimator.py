@@ -6,8 +6,9 @@
 
 A run, all distances in the unit space of the domain (Delta = ``domain.unit_diameter``):
 
-1. candidates V: public (table / grid / random) or the DP generator (one Spark
-   pass, charged (eps_cand, delta_cand));
+1. candidates V: public (table / grid / random), the DP grid generator (``private``:
+   one Spark pass, two from d = 4 on, charged (eps_cand, delta_cand)) or the private
+   LSH tree's leaf means (``tree``: one Spark pass, charged (eps_cand, 0));
 2. the coverage loop (``core.run_coverage``): thresholds t_i = (1+a)^(i-1)
    Delta^p / N (N = ``n_upper`` or |V|), one Spark pass per threshold returning
    the uncovered points' cover-signature histogram, all m picks exactly on the
@@ -17,7 +18,8 @@ A run, all distances in the unit space of the domain (Delta = ``domain.unit_diam
 4. post-processing: the driver solver (``solver``) on the chosen candidates
    weighted by max(noisy count, 0).
 
-Passes over the data: r + 1 (+ 1 for private candidates), for every n and d: a
+Passes over the data: r + 1 (+ 1 for private or tree candidates; + 2 for private
+candidates from d = 4 on, see ``passes.cell_aggregates``), for every n and d: a
 threshold whose histogram has more than ``max_signatures`` distinct signatures
 keeps it on the executors and runs one job per pick over that histogram, never
 over the data again. The pass and job counts, the list of such thresholds, the
@@ -28,7 +30,7 @@ values only.
 
 Budget: epsilon = eps_cand + eps_cov + eps_cnt (fractions from the config), delta =
 delta_cand + delta_cov (private candidates: ``delta_candidates`` of delta, default
-half; public candidates: all of delta to the coverage loop).
+half; tree and public candidates: all of delta to the coverage loop).
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ import numpy as np
 
 from dpspark import solvers, tables
 from dpspark.maxcover import candidates as cand_mod
+from dpspark.auto.tree import spark_tree_aggregates
 from dpspark.maxcover import core
-from dpspark.maxcover.params import (CANDIDATE_MODES, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC, SOLVERS, MaxCoverParams,
-                                     budget_split, default_solver)
+from dpspark.maxcover.params import (CANDIDATE_MODES, CHARGED_MODES, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC, SOLVERS, MaxCoverParams,
+                                     budget_split, default_candidates, default_solver)
 from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
 from dpspark.errors import SchemaError
 from dpspark.model import ClusteringModel
@@ -58,7 +61,7 @@ class MaxCover:
     name = "maxcover"
 
     def __init__(self, k: int, epsilon: float, delta: float, domain: Domain, features=("x", "y"),
-                 objective: str = "kmeans", candidates: str = "private", candidate_table: str | None = None,
+                 objective: str = "kmeans", candidates: str | None = None, candidate_table: str | None = None,
                  candidate_count: int = 1000, candidate_scales: int = 5, coverage_approx: float = 0.5,
                  eps_candidates: float | None = None, eps_coverage: float | None = None, eps_counts: float | None = None,
                  delta_candidates: float = 0.5, n_upper: int | None = None, solver: str | None = None,
@@ -115,19 +118,20 @@ class MaxCover:
             raise ValueError(f"delta={self.delta!r} should be in (0, 1): maxcover is (epsilon, delta)-DP")
         if self.objective not in POWER:
             raise ValueError(f"objective={self.objective!r} should be one of {list(POWER)}")
-        if self.candidates not in CANDIDATE_MODES:
-            raise ValueError(f"candidates={self.candidates!r} should be one of {list(CANDIDATE_MODES)}")
-        if self.candidates == "table" and not self.candidate_table:
+        mode = default_candidates(self.domain.dim) if self.candidates is None else self.candidates
+        if mode not in CANDIDATE_MODES:
+            raise ValueError(f"candidates={mode!r} should be one of {list(CANDIDATE_MODES)}")
+        if mode == "table" and not self.candidate_table:
             raise ValueError("candidates='table' needs candidate_table (path of a public Delta table)")
         if not is_int(self.candidate_count, 1) or not is_int(self.candidate_scales, 1) or not is_int(self.max_signatures, 1):
             raise ValueError("candidate_count, candidate_scales and max_signatures should be integers >= 1")
-        if self.candidates != "table" and self.candidate_count < self.k:
+        if mode != "table" and self.candidate_count < self.k:
             raise ValueError(f"candidate_count={self.candidate_count} should be >= k={self.k}")
         if not isinstance(self.coverage_approx, (int, float)) or not (0 < self.coverage_approx < 1):
             raise ValueError(f"coverage_approx={self.coverage_approx!r} should be in (0, 1)")
         if self.n_upper is not None and not is_int(self.n_upper, 1):
             raise ValueError(f"n_upper={self.n_upper!r} should be an integer >= 1 or None")
-        private = self.candidates == "private"
+        private = mode in CHARGED_MODES
         default = DEFAULT_SPLIT_PRIVATE if private else DEFAULT_SPLIT_PUBLIC
         given = (self.eps_candidates, self.eps_coverage, self.eps_counts)
         split = tuple(default[i] if v is None else v for i, v in enumerate(given))
@@ -139,18 +143,18 @@ class MaxCover:
             raise ValueError("public candidates spend no budget: eps_candidates should be 0")
         if (private and split[0] <= 0) or split[1] <= 0 or split[2] <= 0:
             raise ValueError(f"every step needs a positive share of epsilon, got {split}")
-        if private and not (isinstance(self.delta_candidates, (int, float)) and 0 < self.delta_candidates < 1):
+        if mode == "private" and not (isinstance(self.delta_candidates, (int, float)) and 0 < self.delta_candidates < 1):
             raise ValueError(f"delta_candidates={self.delta_candidates!r} should be in (0, 1)")
-        solver = self.solver or default_solver(self.objective, self.candidates)
+        solver = self.solver or default_solver(self.objective, mode)
         if solver not in SOLVERS[self.objective]:
             raise ValueError(f"solver={solver!r} should be one of {list(SOLVERS[self.objective])} for objective {self.objective!r}")
         if len(self.features) not in (1, self.domain.dim):
             raise ValueError(f"features={list(self.features)} should name {self.domain.dim} columns or one array column")
         params = MaxCoverParams(
-            candidates=self.candidates, candidate_table=self.candidate_table, candidate_count=int(self.candidate_count),
+            candidates=mode, candidate_table=self.candidate_table, candidate_count=int(self.candidate_count),
             candidate_scales=int(self.candidate_scales), coverage_approx=float(self.coverage_approx),
             eps_candidates=float(split[0]), eps_coverage=float(split[1]), eps_counts=float(split[2]),
-            delta_candidates=float(self.delta_candidates) if private else 0.0,
+            delta_candidates=float(self.delta_candidates) if mode == "private" else 0.0,
             n_upper=None if self.n_upper is None else int(self.n_upper), solver=solver,
             max_signatures=int(self.max_signatures),
         )
@@ -177,6 +181,12 @@ class MaxCover:
         if params.candidates in ("grid", "random"):
             return cand_mod.public_candidates(params.candidates, self.domain, params.candidate_count, rng), None, {}
         eps_cand, delta_cand = budget["candidates"]
+        if params.candidates == "tree":
+            unit, info = cand_mod.tree_candidates(
+                spark_tree_aggregates(cached, columns, counter=counter, timings=timings), self.domain,
+                params.candidate_count, self.k, eps_cand, accountant, rng)
+            info.pop("leaf_nodes")
+            return unit, None, info
         unit, info = cand_mod.private_candidates(
             cached, columns, self.domain, params.candidate_count, params.candidate_scales, self.k,
             eps_cand, delta_cand, accountant, rng, counter=counter, timings=timings,

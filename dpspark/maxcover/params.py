@@ -3,11 +3,13 @@
 =====================  =========================================================  =================
 key                    meaning                                                    default
 =====================  =========================================================  =================
-``candidates``         ``table`` | ``grid`` | ``random`` | ``private``            ``private``
+``candidates``         ``table`` | ``grid`` | ``random`` | ``private`` |          d <= 3:
+                       ``tree``                                                   ``private``,
+                                                                                  else ``tree``
 ``candidate_table``    path of a PUBLIC Delta table of candidate points (its      (required for
                        feature columns have the names of ``input.features``)      ``table``)
-``candidate_count``    grid / random: about this many candidates; private: at     1000
-                       most this many (highest noisy counts kept)
+``candidate_count``    grid / random: about this many candidates; private and     1000
+                       tree: at most this many (highest noisy counts kept)
 ``candidate_scales``   private: number of grid scales (side 1, 1/2, 1/4, ... in   5
                        the unit space [-1, 1]^d)
 ``coverage_approx``    a of the thresholds t_i = (1+a)^(i-1) Delta^p / N, (0, 1)  0.5
@@ -31,7 +33,10 @@ key                    meaning                                                  
                        small job per pick over it; no extra data pass)
 =====================  =========================================================  =================
 
-Default epsilon split: private candidates 0.4 / coverage 0.3 / counts 0.3 (measured:
+``tree`` (private LSH-tree leaves, pure epsilon) takes the candidates' share of epsilon
+and no delta: the coverage loop gets all of delta, as with public candidates.
+Default epsilon split: private and tree candidates 0.4 / coverage 0.3 / counts 0.3 (measured,
+private:
 bench/results/maxcover/tuning.md: better than the earlier 0.2 / 0.4 / 0.4 in 9 of 12
 small-n cells and at n = 10^5-10^6, 4-10% worse at epsilon 0.5 on three datasets); public
 candidates (table, grid, random) coverage 0.5 / counts 0.5. The fractions must sum
@@ -50,7 +55,8 @@ from collections.abc import Mapping
 
 from dpspark.errors import ConfigError
 
-CANDIDATE_MODES = ("table", "grid", "random", "private")
+CANDIDATE_MODES = ("table", "grid", "random", "private", "tree")
+CHARGED_MODES = ("private", "tree")  # candidate generators that read the data (charged)
 PUBLIC_MODES = ("table", "grid", "random")
 SOLVERS = {"kmeans": ("weighted_kmeans",), "kmedian": ("local_search", "weiszfeld")}
 KEYS = (
@@ -81,7 +87,23 @@ class MaxCoverParams:
 
     @property
     def private_candidates(self) -> bool:
-        return self.candidates == "private"
+        """The candidates come from the data (charged): ``private`` or ``tree``."""
+        return self.candidates in CHARGED_MODES
+
+
+TREE_DEFAULT_MIN_DIM = 4
+
+
+def default_candidates(dim: int) -> str:
+    """The default candidate source, from d only (public): ``private`` (grid cells) for d <= 3, ``tree`` above.
+
+    Measured (scripts/bench_utility.py, numpy engine, epsilon 1, median of 5 seeded runs, k-means cost
+    / non-private): tree beats private on every shared table with d >= 4 (blood 3.5 vs 13.2, tripadvisor
+    2.1 vs 7.6, adult 1.108 vs 1.116, electrical 1.06 vs 1.69, credit 1.36 vs 2.79, google reviews 1.36
+    vs 2.74) and loses in 2 dimensions (s1 6.1 vs 4.1): grid cells are fine there, random hyperplane
+    cells coarse.
+    """
+    return "tree" if dim >= TREE_DEFAULT_MIN_DIM else "private"
 
 
 def default_solver(objective: str, candidates: str) -> str:
@@ -100,7 +122,7 @@ def budget_split(epsilon: float, delta: float, params: MaxCoverParams) -> dict:
     eps_cnt = epsilon * params.eps_counts
     if params.private_candidates:
         eps_cand = epsilon * params.eps_candidates
-        delta_cand = delta * params.delta_candidates
+        delta_cand = delta * params.delta_candidates if params.candidates == "private" else 0.0
     else:
         eps_cand, delta_cand = 0.0, 0.0
     eps_cov = epsilon - eps_cand - eps_cnt
@@ -169,14 +191,14 @@ def validate_params(section, *, objective: str, k: int, dim: int, privacy) -> Ma
         raise ConfigError("algorithm.objective", f"{objective!r} is not supported by maxcover; allowed: {list(SOLVERS)}")
     if not (privacy.delta > 0):
         raise ConfigError("privacy.delta", "maxcover is (epsilon, delta)-DP and needs privacy.delta > 0 (e.g. 1e-6); got 0")
-    candidates = section.string("candidates", "private", choices=CANDIDATE_MODES)
+    candidates = section.string("candidates", default_candidates(dim), choices=CANDIDATE_MODES)
     table = section.string("candidate_table")
     if candidates == "table" and table is None:
         raise ConfigError("algorithm.candidate_table", "is required with algorithm.candidates=table (path of a PUBLIC Delta table of candidate points)")
     if candidates != "table" and table is not None:
         raise ConfigError("algorithm.candidate_table", f"is only used with algorithm.candidates=table, not {candidates!r}")
     count = section.integer("candidate_count", 1000, low=1, high=10_000_000)
-    if candidates in ("grid", "random", "private") and count < k:
+    if candidates in ("grid", "random", "private", "tree") and count < k:
         raise ConfigError("algorithm.candidate_count", f"must be >= k={k}, got {count}")
     if candidates == "grid":
         q = max(2, int(math.floor(count ** (1.0 / dim) + 1e-9)))
@@ -186,12 +208,13 @@ def validate_params(section, *, objective: str, k: int, dim: int, privacy) -> Ma
     if candidates != "private" and section.has("candidate_scales"):
         raise ConfigError("algorithm.candidate_scales", "is only used with algorithm.candidates=private")
     a = section.number("coverage_approx", 0.5, low=0.0, high=1.0, low_open=True, high_open=True)
-    private = candidates == "private"
+    private = candidates in CHARGED_MODES
     eps_cand, eps_cov, eps_cnt = _split_from_config(section, private)
     delta_cand = section.number("delta_candidates", 0.5, low=0.0, high=1.0, low_open=True, high_open=True)
-    if not private and section.has("delta_candidates"):
-        raise ConfigError("algorithm.delta_candidates", "is only used with algorithm.candidates=private")
-    if not private:
+    if candidates != "private" and section.has("delta_candidates"):
+        raise ConfigError("algorithm.delta_candidates", "is only used with algorithm.candidates=private "
+                          f"(candidates={candidates} spends no delta)")
+    if candidates != "private":
         delta_cand = 0.0
     delta_cov = privacy.delta * (1.0 - delta_cand)
     eps_prime = privacy.epsilon * eps_cov / (2.0 * (1.0 - math.log(delta_cov)))
