@@ -593,3 +593,20 @@ def test_cell_keys_pack_into_int64_exactly_and_give_the_same_cells(monkeypatch):
     assert rows() == packed
     monkeypatch.setattr(kernels, "_cell_key_layout", lambda side, shift: None)
     assert rows() == packed and len(packed) > 0 and max(r[1 + dim] for r in packed) > 1
+
+
+def test_distinct_padded_drops_repeats_in_order_and_pads_with_public_points_to_k():
+    """The charged generators' shared post-processing: the first of equal points kept, order kept,
+    public points inside the domain added only up to k (none when there are k or more)."""
+    from dpspark.maxcover.candidates import distinct_padded
+    from dpspark.privacy.domain import Domain
+
+    dom = Domain(dim=2, lower=(-1.0, -1.0), upper=(1.0, 1.0))
+    pts = np.array([[0.5, 0.5], [0.1, -0.2], [0.5, 0.5], [-0.3, 0.0], [0.1, -0.2]])
+    cand, padded = distinct_padded(pts, dom, 2, np.random.default_rng(0), "%d points")
+    assert padded == 0 and cand.tolist() == [[0.5, 0.5], [0.1, -0.2], [-0.3, 0.0]]
+    cand, padded = distinct_padded(pts, dom, 5, np.random.default_rng(0), "%d points")
+    assert padded == 2 and cand.shape == (5, 2) and cand[:3].tolist() == [[0.5, 0.5], [0.1, -0.2], [-0.3, 0.0]]
+    assert np.all(np.abs(cand) <= 1.0) and len(np.unique(cand, axis=0)) == 5
+    cand, padded = distinct_padded(np.zeros((0, 2)), dom, 3, np.random.default_rng(0), "%d points")
+    assert padded == 3 and cand.shape == (3, 2)

@@ -228,16 +228,22 @@ def private_candidates(df, columns: list[str], domain: Domain, count: int, scale
         if len(chosen) >= count:
             break
     cand = np.array(chosen[:count], dtype=np.float64).reshape(-1, dim)
+    cand, padded = distinct_padded(cand, domain, k, rng, "the private candidate generator released %d cells")
+    return cand, {"scales": info, "padded_public_points": padded}
+
+
+def distinct_padded(cand: np.ndarray, domain: Domain, k: int, rng: np.random.Generator, released: str):
+    """Post-processing shared by the charged generators: ``cand`` (released points, in order) without
+    repeats (first one kept), padded with public random points to k. Returns (candidates, padded).
+    ``released`` is the log line's "what was released" with one %d for how many (a released number)."""
     if cand.shape[0]:
         _, first = np.unique(cand, axis=0, return_index=True)
         cand = cand[np.sort(first)]
-    padded = 0
-    if cand.shape[0] < k:
-        padded = k - cand.shape[0]
-        log.warning("maxcover: the private candidate generator released %d cells (< k=%d); adding %d public random points",
-                    cand.shape[0], k, padded)
+    padded = max(k - cand.shape[0], 0)
+    if padded:
+        log.warning("maxcover: " + released + " (< k=%d); adding %d public random points", cand.shape[0], k, padded)
         cand = np.vstack([cand, domain.sample_unit(rng, padded)])
-    return cand, {"scales": info, "padded_public_points": padded}
+    return cand, padded
 
 
 # ----------------------------------------------------------------------------
@@ -275,16 +281,8 @@ def tree_candidates(aggregate, domain: Domain, count: int, k: int, eps_cand: flo
     coreset = tree.private_coreset(aggregate, domain, k, eps_root, lambda noisy_n: (eps_tree, eps_sums), accountant,
                                    rng, label=TREE_LABEL)
     order = np.argsort(-coreset.weights, kind="stable")[: int(count)]
-    cand = coreset.points[order].reshape(-1, domain.dim)
-    if cand.shape[0]:
-        _, first = np.unique(cand, axis=0, return_index=True)
-        cand = cand[np.sort(first)]
-    padded = 0
-    if cand.shape[0] < k:
-        padded = k - cand.shape[0]
-        log.warning("maxcover: the private tree released %d leaves (< k=%d); adding %d public random points",
-                    cand.shape[0], k, padded)
-        cand = np.vstack([cand, domain.sample_unit(rng, padded)])
+    cand, padded = distinct_padded(coreset.points[order].reshape(-1, domain.dim), domain, k, rng,
+                                   "the private tree released %d leaves")
     info = {"tree": dict(coreset.info), "padded_public_points": padded,
             "leaf_nodes": [coreset.leaf_nodes[i] for i in order]}
     return cand, info

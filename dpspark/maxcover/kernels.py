@@ -432,14 +432,15 @@ def _group_sums(a: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
-def _merge_cells(keys: np.ndarray, counts: np.ndarray, sums: np.ndarray):
-    """Add up rows with equal int64 cell keys (packed cells, exact): (unique keys sorted, counts, sums)."""
+def _merge_keyed(keys: np.ndarray, *columns: np.ndarray):
+    """Add up the rows of int64 ``columns`` (1-d or 2-d) with equal int64 keys, exactly
+    (``_group_sums``): (unique keys sorted, each column's group sums)."""
     order = np.argsort(keys, kind="stable")
     k = keys[order]
     if not k.size:
-        return k, counts[order], sums[order]
+        return (k, *(c[order] for c in columns))
     starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
-    return k[starts], _group_sums(counts[order], starts), _group_sums(sums[order], starts)
+    return (k[starts], *(_group_sums(c[order], starts) for c in columns))
 
 
 _CELL_MERGE_ROWS = 1 << 20  # pending (cell, count, sums) rows of one scale before they are merged
@@ -501,16 +502,6 @@ def _merge_hashed(h: np.ndarray, g: np.ndarray, counts: np.ndarray, sums: np.nda
     return hs[starts], gs[starts], _group_sums(cs, starts), _group_sums(ss, starts)
 
 
-def _merge_counts(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Add up the counts of equal int64 keys: (unique keys sorted, their counts)."""
-    order = np.argsort(keys, kind="stable")
-    k = keys[order]
-    if not k.size:
-        return k, counts[order]
-    starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
-    return k[starts], np.add.reduceat(counts[order], starts)
-
-
 def _in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     """values[i] in sorted_set, for a sorted int64 array (binary search, no hashing)."""
     if not sorted_set.size:
@@ -539,13 +530,13 @@ def cell_hash_counter(sides: Sequence[float], shifts: Sequence[np.ndarray], colu
         def compact(level):
             parts = pending[level]
             if len(parts) > 1:
-                pending[level] = [_merge_counts(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))]
+                pending[level] = [_merge_keyed(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))]
             rows[level] = pending[level][0][0].shape[0] if pending[level] else 0
 
         for x in _batches_of_points(batches, columns):
             for level, (side, shift) in enumerate(zip(sides, shifts)):
                 h = cell_hashes(cell_indices(x, side, shift), hash_bits)
-                pending[level].append(_merge_counts(h, np.ones(h.shape[0], dtype=np.int64)))
+                pending[level].append(_merge_keyed(h, np.ones(h.shape[0], dtype=np.int64)))
                 rows[level] += pending[level][-1][0].shape[0]
                 if rows[level] > _CELL_MERGE_ROWS:
                     compact(level)
@@ -592,7 +583,7 @@ def cell_aggregator(sides: Sequence[float], shifts: Sequence[np.ndarray], column
             return parts[0][i] if len(parts) == 1 else np.concatenate([p[i] for p in parts])
 
         if layouts[level] is not None:
-            keys, counts, sums = _merge_cells(cat(0), cat(2), cat(3))
+            keys, counts, sums = _merge_keyed(cat(0), cat(2), cat(3))
             return keys, None, counts, sums
         return _merge_hashed(cat(0), cat(1), cat(2), cat(3))
 
