@@ -120,14 +120,24 @@ log = logging.getLogger("bench_utility")
 # Data
 
 
-def load_dataset(name: str, max_rows: int | None, seed: int = 0) -> dict:
-    _, x, k = bc.LOADERS_BY_NAME[name]()
+def sweep_name(name: str, k: int | None) -> str:
+    """The table's name of a dataset run with another k (``--k``): ``electrical_grid_stability@k16``."""
+    return name if k is None else f"{name}@k{k}"
+
+
+def load_dataset(name: str, max_rows: int | None, seed: int = 0, k: int | None = None) -> dict:
+    """The shared dataset ``name`` with its own k, or with ``k`` when given (a sweep: then named
+    ``sweep_name(name, k)``, even where k is the dataset's own)."""
+    _, x, own_k = bc.LOADERS_BY_NAME[name]()
+    sweep_k = None if k is None else int(k)
+    k = own_k if sweep_k is None else sweep_k
     n_full = x.shape[0]
     if max_rows and x.shape[0] > max_rows:
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
         x = x[np.sort(rng.choice(x.shape[0], size=max_rows, replace=False))]
     lo, hi = bc.public_bounds(x)
-    return {"name": name, "x": x, "unit": bc.scale_unit(x, lo, hi), "lo": lo, "hi": hi, "k": k, "n_full": n_full}
+    return {"name": sweep_name(name, sweep_k), "x": x, "unit": bc.scale_unit(x, lo, hi), "lo": lo,
+            "hi": hi, "k": k, "n_full": n_full, "source": name, "sweep_k": sweep_k}
 
 
 def domain_of(ds):
@@ -267,8 +277,9 @@ _DATA: dict = {}
 def _init_worker(specs):
     logging.disable(logging.WARNING)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    for name, max_rows in specs:
-        _DATA[name] = load_dataset(name, max_rows)
+    for name, max_rows, k in specs:
+        ds = load_dataset(name, max_rows, k=k)
+        _DATA[ds["name"]] = ds
 
 
 def task_seed(*parts) -> int:
@@ -835,7 +846,12 @@ def dataset_meta(ds: dict, baseline: float, baseline_s: float, max_rows) -> dict
 
 
 def ordered(names) -> list[str]:
-    return sorted(names, key=lambda n: (FULL_DATASETS.index(n) if n in FULL_DATASETS else len(FULL_DATASETS), n))
+    """The shared datasets in their order, then the others by name; a k sweep's (``@k<K>``) by k."""
+    def key(n):
+        source, _, k = n.partition("@k")
+        rank = FULL_DATASETS.index(source) if source in FULL_DATASETS else len(FULL_DATASETS)
+        return rank, source, int(k) if k.isdigit() else 0
+    return sorted(names, key=key)
 
 
 def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -1001,7 +1017,7 @@ def run_dpspark(ds: dict, tasks, engine: str, workers: int, spark_engine) -> lis
         return spark_engine.run(ds, tasks)
     # spawn, not fork: the parent ran scikit-learn (OpenMP threads); a forked child can deadlock on them.
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=([(ds["name"], ds["max_rows"])],),
+    with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=([(ds["source"], ds["max_rows"], ds["sweep_k"])],),
                              mp_context=ctx) as pool:
         return list(pool.map(run_task, tasks, chunksize=1))
 
@@ -1024,6 +1040,8 @@ def main(argv=None) -> int:
     ap.add_argument("--grid-max-dim", type=int, default=10, help="skip maxcover_grid above this dimension")
     ap.add_argument("--engine", choices=["numpy", "spark"], default=None, help="default spark (--quick: numpy)")
     ap.add_argument("--seeded", action="store_true", help="reproducible, NOT private noise (testing aid)")
+    ap.add_argument("--k", nargs="*", type=int, default=None, help="a k sweep: each dataset once per k given (its table "
+                    "name then ends in @k<K>, e.g. adult@k16), instead of once with its own k")
     args = ap.parse_args(argv)
     command = bh.command_line("bench_utility.py", argv)
     if args.quick:
@@ -1041,6 +1059,8 @@ def main(argv=None) -> int:
     unknown = [n for n in args.datasets if n not in bc.LOADERS_BY_NAME]
     if unknown:
         ap.error(f"unknown datasets {unknown}; known: {sorted(bc.LOADERS_BY_NAME)}")
+    if args.k is not None and (not args.k or min(args.k) < 1):
+        ap.error(f"--k {args.k}: give one or more integers >= 1")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     t0 = time.perf_counter()
     state = load_state(args.out if args.append else None)
@@ -1063,9 +1083,10 @@ def main(argv=None) -> int:
     print(f"bench_utility: {len(args.datasets)} datasets, methods {' '.join(args.methods)}, engine {args.engine}, "
           f"epsilons {args.epsilons}, {args.reps} reps -> {args.out}" + (" (append)" if args.append else ""), flush=True)
     try:
-        for name in args.datasets:
+        for source, sweep_k in [(n, k) for n in args.datasets for k in (args.k or [None])]:
             t_ds = time.perf_counter()
-            ds = load_dataset(name, args.max_rows)
+            ds = load_dataset(source, args.max_rows, k=sweep_k)
+            name = ds["name"]
             ds["max_rows"] = args.max_rows
             tb = time.perf_counter()
             baseline = bc.nonprivate_baseline(ds["unit"], ds["k"])[1]

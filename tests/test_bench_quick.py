@@ -101,6 +101,13 @@ def test_bench_utility_quick(tmp_path, datasets):
             ("maxcover_grid", "0.5"), ("ldp", "2.0")} <= cells
     assert ("maxcover_grid", "1.0") not in cells
     assert (tmp_path / "results.md").read_text().count("`python scripts/bench_utility.py --quick") == 2
+    # --k: a k sweep, each k its own table row (dataset@k<K>, ordered by k), the dataset's own cells kept.
+    _run([str(SCRIPTS / "bench_utility.py"), "--quick", "--no-peer", "--append", "--epsilons", "1", "--reps", "1",
+          "--methods", "dplloyd_allocation_nk", "--k", "16", "2", "--out", str(tmp_path)], timeout=120, datasets=datasets)
+    _, rows3 = _rows(tmp_path / "summary.csv")
+    swept = [(r["dataset"], r["k"]) for r in rows3 if r["method"] == "dplloyd_allocation_nk" and "@" in r["dataset"]]
+    assert swept == [("blood_transfusion@k2", "2"), ("blood_transfusion@k16", "16")]
+    assert {(r["method"], r["epsilon"]) for r in rows3 if r["dataset"] == "blood_transfusion"} == cells
 
 
 def _summary_row(dataset, method, eps, median, runs=5, failures=0):
