@@ -5,16 +5,29 @@ all a command needs Spark for (a re-run of a run id that already succeeded, ``dp
 show``) or the first and coldest Delta operation of a new process (seconds of JIT and class
 loading before the first job). delta-rs reads them in a fraction of a second, without a JVM.
 
-Reads only: every write, and the ledger's charge (one Delta UPDATE whose WHERE clause is the
-budget condition), stay Delta on Spark. Every function answers None when it cannot answer: a
-remote path, ``deltalake`` not installed, a table whose protocol needs reader features
-(deletion vectors, column mapping), or any error of delta-rs. The caller then asks Spark, so an
-answer here is always the one Spark would give, never a guess.
+Every read answers None when it cannot answer: a remote path, ``deltalake`` not installed, a
+table whose protocol needs reader features (deletion vectors, column mapping), or any error of
+delta-rs. The caller then asks Spark, so an answer here is always the one Spark would give, never
+a guess.
+
+Writes (``append_rows``, ``update_row``) are the bookkeeping commits of a run on tables that
+already exist: the running row of ``runs/``, the ledger's events and its charge. In a new driver
+the first Delta write on Spark costs seconds of class loading and JIT wherever it falls (a cold
+charge measured 13 s at 94% of both cores of the project's machine), and a run's records are a
+few rows. A write here is ONE Delta commit by delta-rs, under the Delta protocol that Spark's
+writers follow too: a commit is the exclusive creation of the log's next version file (delta-rs
+renames without replacing on a local disk), so a commit by either writer never overwrites the
+other's. A write answers "not written" (False / None) when delta-rs should not write the table
+(a remote path, no table yet, writer features, a schema that differs) or fails BEFORE its commit;
+the caller then writes with Spark. A commit that landed although delta-rs raised afterwards is
+found by its transaction id in the log, so nothing is ever written twice.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import uuid
 from datetime import datetime
 
 
@@ -67,12 +80,13 @@ def table_id(path: str) -> str | None:
         return None
 
 
-def read_rows(path: str, where: dict | None = None) -> list[dict] | None:
+def read_rows(path: str, where: dict | None = None, table=None) -> list[dict] | None:
     """The rows of the local Delta table at ``path`` whose column ``c`` is one of ``where[c]`` (every
     column named must exist), as dicts in no particular order, with every column of the table;
     TIMESTAMP values as PySpark returns them (naive, in this process's local time). None when
-    delta-rs cannot read it (see the module docstring)."""
-    table = open_table(path)
+    delta-rs cannot read it (see the module docstring). ``table``: read that snapshot (an
+    ``open_table`` of ``path``) rather than the latest."""
+    table = open_table(path) if table is None else table
     if table is None:
         return None
     try:
@@ -94,7 +108,11 @@ def read_rows(path: str, where: dict | None = None) -> list[dict] | None:
             condition = term if condition is None else condition & term
         if not files:
             return []
-        found = ds.dataset(files, format="parquet", schema=schema).to_table(filter=condition, use_threads=False)
+        # Filtered after the scan, not in it: a file delta-rs rewrote stores its strings as Arrow
+        # string_view, whose statistics pyarrow cannot compare with the snapshot's string type.
+        found = ds.dataset(files, format="parquet", schema=schema).to_table(use_threads=False)
+        if condition is not None:
+            found = found.filter(condition)
     except Exception:
         return None
     return [{k: _naive_local(v) for k, v in row.items()} for row in found.to_pylist()]
@@ -104,3 +122,107 @@ def _naive_local(value):
     if isinstance(value, datetime) and value.tzinfo is not None:
         return value.astimezone().replace(tzinfo=None)
     return value
+
+
+# -- writes (see the module docstring) ---------------------------------------------------------
+
+_TXN_KEY = "dpspark_txn"
+_SQL_KEY = re.compile(r"^[A-Za-z0-9_:.-]+$")  # a key this module puts into a predicate's string literal
+
+
+def writable_table(path: str):
+    """``open_table(path)`` when delta-rs may also write it: a plain protocol (writer version 2 at
+    most, no table features), else None."""
+    table = open_table(path)
+    try:
+        protocol = table.protocol() if table is not None else None
+        if protocol is None or protocol.min_writer_version > 2 or protocol.writer_features:
+            return None
+        return table
+    except Exception:
+        return None
+
+
+def _arrow_value(value):
+    """A PySpark-style Python value as delta-rs takes it: a naive datetime is local time (PySpark's
+    reading of it), made aware so that it is stored as the same instant."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.astimezone()
+    return value
+
+
+def _landed(table_path: str, after_version: int, txn: str) -> bool:
+    """Whether a commit after ``after_version`` of the table carries the transaction id ``txn``."""
+    log = os.path.join(table_path, "_delta_log")
+    version = after_version + 1
+    while True:
+        name = os.path.join(log, f"{version:020d}.json")
+        try:
+            with open(name, encoding="utf-8") as f:
+                first = f.read()
+        except FileNotFoundError:
+            return False
+        if txn in first:
+            return True
+        version += 1
+
+
+def append_rows(path: str, rows: list[dict], columns: tuple, replace_where: str | None = None) -> bool:
+    """Append ``rows`` (dicts over ``columns``, PySpark-style values) to the LOCAL Delta table at
+    ``path`` in one commit by delta-rs; True once committed. False when nothing was written and the
+    caller should write with Spark: no table yet, a remote path, writer features, a table whose
+    columns are not exactly ``columns``, or an error of delta-rs before its commit (a conflict
+    included). ``replace_where``: the same commit first removes the rows it matches (Spark's
+    ``replaceWhere``; every row written must match it)."""
+    table = writable_table(path)
+    if table is None or not rows:
+        return False
+    try:
+        import pyarrow as pa
+        from deltalake import CommitProperties, write_deltalake
+
+        schema = pa.schema(table.schema().to_arrow())
+        if tuple(schema.names) != tuple(columns):
+            return False  # an older table (Spark adds the columns) or another table
+        data = pa.Table.from_pylist([{c: _arrow_value(r.get(c)) for c in columns} for r in rows], schema=schema)
+    except Exception:
+        return False
+    version, txn = table.version(), uuid.uuid4().hex
+    try:
+        properties = CommitProperties(custom_metadata={_TXN_KEY: txn})
+        if replace_where is None:
+            write_deltalake(table, data, mode="append", commit_properties=properties)
+        else:
+            write_deltalake(table, data, mode="overwrite", predicate=replace_where, commit_properties=properties)
+        return True
+    except Exception:
+        return _landed(local_path(path), version, txn)
+
+
+def update_row(table, path: str, key_column: str, key: str, values: dict) -> bool | None:
+    """Set ``values`` in the one row of ``table`` (a ``writable_table`` of the LOCAL ``path``, at the
+    snapshot the caller decided on) whose ``key_column`` is ``key``: one commit by delta-rs, as the
+    version right after that snapshot or not at all, so the decision and the write see the same
+    table (nothing committed in between). True: committed. False: another writer committed first;
+    nothing was written (read again and decide again). None: delta-rs could not write it; nothing
+    was written (the caller writes with Spark)."""
+    if not (_SQL_KEY.match(key) and _SQL_KEY.match(key_column)):
+        return None
+    try:
+        from deltalake import CommitProperties
+        from deltalake.exceptions import CommitFailedError
+    except Exception:
+        return None
+    version, txn = table.version(), uuid.uuid4().hex
+    try:
+        metrics = table.update(new_values={c: _arrow_value(v) for c, v in values.items()},
+                               predicate=f"{key_column} = '{key}'",
+                               commit_properties=CommitProperties(max_commit_retries=0, custom_metadata={_TXN_KEY: txn}))
+    except CommitFailedError:
+        return True if _landed(local_path(path), version, txn) else False
+    except Exception:
+        return True if _landed(local_path(path), version, txn) else None
+    updated = int(metrics.get("num_updated_rows", -1))
+    if updated != 1:  # the caller saw exactly one such row in this very snapshot: fail closed
+        raise RuntimeError(f"delta-rs updated {updated} rows of {path} where {key_column} = {key!r}, not 1")
+    return True

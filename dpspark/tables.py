@@ -524,7 +524,8 @@ def write_centers(spark, path: str, run_id: str, feature_names: list[str], cente
     feature, noisy_weight, and ``private`` (false for a fixed-seed run: NOT PRIVATE). Every attempt
     keeps its rows (a ``--force`` release adds its own beside the earlier one's); a table written
     before the ``attempt`` column existed gets it (null in its old rows). ``new``: no rows of this
-    attempt can be there (``replace_run_rows``)."""
+    attempt can be there (``replace_run_rows``); appended by delta-rs to a LOCAL table with exactly
+    these columns (``localdelta.append_rows``), else by Spark."""
     from pyspark.sql import types as T
 
     schema = T.StructType(
@@ -537,6 +538,10 @@ def write_centers(spark, path: str, run_id: str, feature_names: list[str], cente
         (run_id, int(attempt), j, *[float(v) for v in center], float(w), bool(private))
         for j, (center, w) in enumerate(zip(centers, noisy_weights))
     ]
+    if new and RUN_ID_PATTERN.match(run_id) and not is_connect(spark):  # a LOCAL table: by delta-rs if it can
+        columns = tuple(schema.fieldNames())
+        if localdelta.append_rows(path, [dict(zip(columns, r)) for r in rows], columns):
+            return
     frame = spark.createDataFrame(rows, schema).coalesce(1)
     if _delta_exists(spark, path) and "attempt" not in spark.read.format("delta").load(path).columns:
         # an old table: add the column first (a replaceWhere cannot name a column the table lacks)
@@ -561,8 +566,15 @@ RETIRED_RUNS_COLUMNS = ("non_private_operational",)  # always written as null
 
 def write_run_record(spark, path: str, record: dict, new: bool = False) -> None:
     """Upsert one row of the ``runs/`` table, keyed by (run id, attempt): every attempt keeps its row.
-    ``new``: the attempt's first row (its ``running`` row), appended (``replace_run_rows``)."""
+    ``new``: the attempt's first row (its ``running`` row), appended (``replace_run_rows``). A LOCAL
+    table that exists is written by delta-rs (``localdelta.append_rows``: one commit, the same rows,
+    without a cold driver's seconds for its first Delta writes), any other by Spark."""
     row = tuple(None if name in RETIRED_RUNS_COLUMNS else record.get(name) for name in RUNS_COLUMNS)
+    run_id, attempt = str(record.get("run_id")), record.get("attempt")
+    if RUN_ID_PATTERN.match(run_id) and (new or isinstance(attempt, int)) and not is_connect(spark):
+        where = None if new else f"run_id = '{run_id}' AND attempt = {int(attempt)}"
+        if localdelta.append_rows(path, [dict(zip(RUNS_COLUMNS, row))], RUNS_COLUMNS, replace_where=where):
+            return
     df = spark.createDataFrame([row], RUNS_SCHEMA).coalesce(1)
     replace_run_rows(spark, df, path, record["run_id"], record.get("attempt"), new=new)
 

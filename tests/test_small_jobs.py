@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from dpspark import session, tables
+from dpspark import localdelta, session, tables
 from dpspark.cli import main
 from dpspark.errors import BudgetRefused
 from dpspark.privacy.ledger import Ledger
@@ -126,15 +126,17 @@ def test_a_deferred_event_is_written_with_the_next_one_and_kept_if_that_write_fa
     before = _ledger_versions(spark, path)
     ledger.mark("/in", "r1", "started", attempt=1, defer=True)
     assert ledger.pending == 1 and Ledger(spark, path).runs() == []  # not written yet
-    real = Ledger._write_rows
+    real, real_append = Ledger._write_rows, localdelta.append_rows
 
     def disk_full(self, rows, mode="append"):
         raise OSError("disk full")
 
-    monkeypatch.setattr(Ledger, "_write_rows", disk_full)
+    monkeypatch.setattr(Ledger, "_write_rows", disk_full)  # Spark's append ...
+    monkeypatch.setattr(localdelta, "append_rows", lambda *a, **k: disk_full(None, a))  # ... and delta-rs's
     with pytest.raises(OSError):
         ledger.mark("/in", "r1", "failed", attempt=1)
     monkeypatch.setattr(Ledger, "_write_rows", real)
+    monkeypatch.setattr(localdelta, "append_rows", real_append)
     assert ledger.pending == 1  # the deferred event waits for the next write; the failed one is lost
     ledger.charge("/in", "r1", "dplloyd", 1.0, 0.0, attempt=1)
     assert [e["status"] for e in ledger.runs("/in")] == ["started", "charged"]

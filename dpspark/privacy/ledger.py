@@ -56,7 +56,11 @@ rewrite the balance row: Delta's optimistic concurrency lets one commit and fail
 a concurrent-modification error; the loser retries on the new snapshot, where the budget condition
 now sees the winner's charge. So two runs can never both pass when the budget allows only one.
 
-Every operation is Spark SQL or a DataFrame read or write on the ledger's path (``CREATE TABLE IF
+On a LOCAL ledger the charge, the event appends and the reads are delta-rs's (``dpspark.localdelta``):
+the same transactions under the same Delta protocol (a commit is the exclusive creation of the
+log's next version, by either writer), in milliseconds where a new driver's first Delta UPDATE
+takes seconds; everything else, and every ledger delta-rs cannot read or write, is Spark's.
+Otherwise every operation is Spark SQL or a DataFrame read or write on the ledger's path (``CREATE TABLE IF
 NOT EXISTS``, ``ALTER TABLE ADD COLUMNS``, ``MERGE INTO`` from a temporary view, ``UPDATE``, appends),
 never delta-spark's Python ``DeltaTable`` (which needs the JVM of a classic session): one code path
 for a classic session and a Spark Connect one, with the same transactions, so the cap check and the
@@ -478,7 +482,9 @@ class Ledger:
         Commits: one UPDATE of the balance row whose WHERE clause is the budget condition (the check
         and the charge, one transaction on one snapshot: ``MERGE``'s semantics, half its Spark jobs),
         then one append of the deferred events and ``charged`` (or ``refused``). No ledger table at
-        all: refused without an UPDATE (no table, no cap), the append creates the table.
+        all: refused without an UPDATE (no table, no cap), the append creates the table. A LOCAL
+        ledger is charged and appended to by delta-rs, the same transactions without a cold driver's
+        seconds (``_charge_without_spark``, ``_append_without_spark``); Spark whenever it cannot.
 
         ``defer``: a ``charged`` event is deferred like ``mark(..., defer=True)``: written with this
         Ledger's next event (the runner's ``fit_started``, or ``failed``/``killed``), one commit fewer.
@@ -486,8 +492,12 @@ class Ledger:
         _check_guarantee(guarantee)
         self.require_exclusive_commits()
         note = None if private else NOT_PRIVATE_NOTE
-        charged = False
-        totals = self._refusal_without_spark(input_key, epsilon, delta, requested_epsilon, requested_delta, guarantee)
+        charged, totals = False, None
+        decided = self._charge_without_spark(input_key, epsilon, delta, requested_epsilon, requested_delta, guarantee)
+        if decided is not None:
+            charged, totals = decided
+        else:
+            totals = self._refusal_without_spark(input_key, epsilon, delta, requested_epsilon, requested_delta, guarantee)
         if totals is None and (self._ready or self.exists()):
             cap_eps = "cap_epsilon"
             cap_delta = "coalesce(cap_delta, 0.0D)"
@@ -556,15 +566,54 @@ class Ledger:
             return None
         rows = [r for r in rows if r["entry_id"] == _balance_id(input_key, guarantee)]
         totals = self._totals_of(rows[0] if rows else None, input_key, requested_epsilon, requested_delta, guarantee)
-        if totals.ledger_cap_epsilon is not None:
-            tol = 1 + REL_TOL
-            cap_eps, cap_delta = totals.ledger_cap_epsilon, totals.ledger_cap_delta
-            if requested_epsilon is not None:
-                cap_eps, cap_delta = min(cap_eps, float(requested_epsilon)), min(cap_delta, float(requested_delta or 0.0))
-            if (totals.spent_epsilon + float(epsilon) <= cap_eps * tol
-                    and totals.spent_delta + float(delta) <= cap_delta * tol):
-                return None  # it may pass: the UPDATE decides
+        if _within_budget(totals, epsilon, delta, requested_epsilon, requested_delta):
+            return None  # it may pass: the UPDATE decides
         return totals
+
+    def _charge_without_spark(self, input_key: str, epsilon: float, delta: float, requested_epsilon, requested_delta,
+                              guarantee: str) -> tuple[bool, LedgerTotals] | None:
+        """The charge of a LOCAL ledger by delta-rs (``dpspark.localdelta``), without the seconds of a
+        cold driver's first Delta UPDATE: (charged, totals), or None when only Spark can charge it.
+
+        The same transaction as the UPDATE's: the balance row is read from one snapshot, the budget
+        condition (``_within_budget``: the UPDATE's WHERE clause, in the same IEEE doubles) decides
+        on it, and the new totals (the same additions) are committed as the version right after
+        that snapshot or not at all (``localdelta.update_row``). When another run committed first,
+        nothing was written and the charge is decided again on the new version, so two runs can
+        never both pass when the budget allows only one, whichever writer (delta-rs or Spark) each
+        uses. A refusal writes nothing here (its event is appended by ``charge``)."""
+        from dpspark.session import is_connect
+        if self.spark is not None and is_connect(self.spark):
+            return None
+        entry = _balance_id(input_key, guarantee)
+        for attempt_no in range(MAX_ATTEMPTS):
+            table = localdelta.writable_table(self.path)
+            if table is None:
+                return None
+            found = localdelta.read_rows(self.path, {"kind": ["balance"], "input_path": [input_key]}, table=table)
+            if found is None:
+                return None
+            rows = [{**dict.fromkeys(COLUMNS), **r} for r in found if r.get("entry_id") == entry]
+            if len(rows) > 1:
+                return None  # never written by dpspark: Spark's UPDATE applies its condition to each
+            row = rows[0] if rows else None
+            if row is not None and (row["epsilon"] is None or row["delta"] is None):
+                return None  # never written by dpspark: Spark's UPDATE (its NULL arithmetic) decides
+            totals = self._totals_of(row, input_key, requested_epsilon, requested_delta, guarantee)
+            if not _within_budget(totals, epsilon, delta, requested_epsilon, requested_delta):
+                return False, totals
+            spent_epsilon, spent_delta = row["epsilon"] + float(epsilon), row["delta"] + float(delta)
+            written = localdelta.update_row(table, self.path, "entry_id", entry,
+                                            {"epsilon": spent_epsilon, "delta": spent_delta, "updated_at": self._now()})
+            if written is None:
+                return None
+            if written:
+                self._ready = True
+                return True, self._totals_of({**row, "epsilon": spent_epsilon, "delta": spent_delta}, input_key,
+                                             requested_epsilon, requested_delta, guarantee)
+            log.info("ledger: concurrent charge on %s, retrying (attempt %d)", input_key, attempt_no + 2)
+            time.sleep(random.uniform(0.05, 0.5))
+        return None  # still contended: Spark's UPDATE decides, with its own retries
 
     @_small_table
     def mark(self, input_key: str, run_id: str, status: str, *, attempt: int | None = None,
@@ -618,6 +667,8 @@ class Ledger:
             pending, self._pending = self._pending, []
         rows = pending + [self._event(**values) for values in events]
         try:
+            if self._append_without_spark(rows):
+                return
             for attempt_no in range(MAX_ATTEMPTS):
                 try:
                     if not self._ready and self.exists():
@@ -634,6 +685,17 @@ class Ledger:
             with self._lock:
                 self._pending = pending + self._pending
             raise
+
+    def _append_without_spark(self, rows: list[tuple]) -> bool:
+        """``rows`` appended to a LOCAL ledger by delta-rs in one commit (``localdelta.append_rows``: a
+        ledger with every column, a plain protocol); False when nothing was written: Spark appends."""
+        from dpspark.session import is_connect
+        if self.spark is not None and is_connect(self.spark):
+            return False
+        if localdelta.append_rows(self.path, [dict(zip(COLUMNS, r)) for r in rows], COLUMNS):
+            self._ready = True
+            return True
+        return False
 
     # -- reading ------------------------------------------------------------------
 
@@ -767,6 +829,19 @@ class Ledger:
         else:
             rows = df.orderBy("updated_at", "entry_id").collect()
         return [{**dict.fromkeys(COLUMNS), **r.asDict()} for r in rows]
+
+
+def _within_budget(totals: "LedgerTotals", epsilon: float, delta: float, requested_epsilon, requested_delta) -> bool:
+    """The charge UPDATE's WHERE clause in Python: a cap is set, and spent + asked stays within the cap
+    (or the run's lower request) times 1 + ``REL_TOL``, in IEEE doubles as Spark computes it."""
+    if totals.ledger_cap_epsilon is None:
+        return False
+    tol = 1 + REL_TOL
+    cap_eps, cap_delta = totals.ledger_cap_epsilon, totals.ledger_cap_delta
+    if requested_epsilon is not None:
+        cap_eps, cap_delta = min(cap_eps, float(requested_epsilon)), min(cap_delta, float(requested_delta or 0.0))
+    return (totals.spent_epsilon + float(epsilon) <= cap_eps * tol
+            and totals.spent_delta + float(delta) <= cap_delta * tol)
 
 
 def _nulls_first(value) -> tuple:
