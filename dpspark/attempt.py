@@ -409,23 +409,14 @@ class Attempt:
             operator_log.error("could not write the operator record", exc_info=True)
 
 
-def cancel_jobs(spark, settle_s: float = 10.0) -> None:
+def cancel_jobs(spark) -> None:
     """Stop the Spark work of a killed run: the SparkContext's jobs, or on Spark Connect every request
-    of this session under way (``interruptAll``). Never raises. A classic session then waits (at most
-    ``settle_s``) until no task runs any more: a killed task ends a moment after its job, and Spark
-    logs each one ("Lost task ... TaskKilled"); the attempt's end records, quick on a local disk,
-    and its final status line then come after those lines, not among them."""
+    of this session under way (``interruptAll``). Never raises."""
     try:
         if is_connect(spark):
             spark.interruptAll()
-            return
-        spark.sparkContext.cancelAllJobs()
-        tracker = spark.sparkContext._jsc.sc().statusTracker()
-        deadline = time.monotonic() + settle_s
-        while time.monotonic() < deadline:
-            if sum(int(e.numRunningTasks()) for e in tracker.getExecutorInfos()) == 0:
-                return
-            time.sleep(0.1)
+        else:
+            spark.sparkContext.cancelAllJobs()
     except Exception:
         log_trouble("could not cancel the Spark jobs of a killed run")
 

@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
     from dpspark.progress import configure_logging
 
     configure_logging()
+    own_session = spark is None  # built here: this process's to stop
     args = build_parser().parse_args(argv)
     if args.command == "ledger":
         return _ledger_command(args, spark)
@@ -200,6 +201,13 @@ def main(argv: list[str] | None = None, spark=None) -> int:
         except RunKilled as exc:
             print(f"dpspark: run {run_id} {exc}; recorded as killed", file=sys.stderr)
             _finish_outcome(outcome, spark, config, run_id, "killed", exc.exit_code, str(exc))
+            if own_session and spark is not None:
+                # Spark logs each killed task ("Lost task ... TaskKilled") a moment after its job was
+                # cancelled; stopping the session first keeps the status line the log's last line.
+                try:
+                    spark.stop()
+                except Exception:
+                    pass
             _print_json(as_json, outcome)
             return exc.exit_code
         except DPSparkError as exc:
