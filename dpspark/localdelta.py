@@ -199,6 +199,39 @@ def append_rows(path: str, rows: list[dict], columns: tuple, replace_where: str 
         return _landed(local_path(path), version, txn)
 
 
+def _arrow_type(ddl_type: str):
+    import pyarrow as pa
+
+    return {"STRING": pa.string(), "INT": pa.int32(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(),
+            "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us", tz="UTC")}[ddl_type.upper()]
+
+
+def create_table(path: str, rows: list[dict], ddl: str) -> bool:
+    """A NEW local Delta table at ``path`` holding ``rows``, its schema the Spark DDL ``ddl`` (``name TYPE,
+    ...``: STRING, INT, BIGINT, DOUBLE, BOOLEAN, TIMESTAMP; every column nullable, as Spark makes
+    them), created by delta-rs as version 0 with a plain protocol (reader 1, writer 2). False when
+    nothing was written: a remote path, a table (or anything) already there, a type outside that
+    list, or an error before the commit; the caller then writes with Spark."""
+    local = local_path(path)
+    if local is None or os.path.exists(local):
+        return False
+    try:
+        import pyarrow as pa
+        from deltalake import CommitProperties, write_deltalake
+
+        schema = pa.schema([pa.field(name, _arrow_type(kind)) for name, kind in
+                            (column.split() for column in ddl.split(", "))])
+        data = pa.Table.from_pylist([{c: _arrow_value(r.get(c)) for c in schema.names} for r in rows], schema=schema)
+    except Exception:
+        return False
+    txn = uuid.uuid4().hex
+    try:
+        write_deltalake(local, data, mode="error", commit_properties=CommitProperties(custom_metadata={_TXN_KEY: txn}))
+        return True
+    except Exception:
+        return _landed(local, -1, txn)
+
+
 def update_row(table, path: str, key_column: str, key: str, values: dict) -> bool | None:
     """Set ``values`` in the one row of ``table`` (a ``writable_table`` of the LOCAL ``path``, at the
     snapshot the caller decided on) whose ``key_column`` is ``key``: one commit by delta-rs, as the

@@ -575,6 +575,8 @@ def write_run_record(spark, path: str, record: dict, new: bool = False) -> None:
         where = None if new else f"run_id = '{run_id}' AND attempt = {int(attempt)}"
         if localdelta.append_rows(path, [dict(zip(RUNS_COLUMNS, row))], RUNS_COLUMNS, replace_where=where):
             return
+        if new and localdelta.create_table(path, [dict(zip(RUNS_COLUMNS, row))], RUNS_SCHEMA):
+            return  # a new output path's runs/, created by this row
     df = spark.createDataFrame([row], RUNS_SCHEMA).coalesce(1)
     replace_run_rows(spark, df, path, record["run_id"], record.get("attempt"), new=new)
 

@@ -163,8 +163,9 @@ def test_runs_rows_appended_by_delta_rs_read_back_the_same_by_spark_across_its_c
         written.append(record)
         if attempt == 2:
             localdelta.open_table(runs).create_checkpoint()  # delta-rs's checkpoint, then Spark reads past it
-    engines = _engines(runs)
-    assert engines[0] == "spark" and engines[1:] == ["delta-rs"] * 3  # the first row creates runs/ (Spark)
+    assert _engines(runs) == ["delta-rs"] * 4  # the first row creates runs/, with Spark's schema
+    from pyspark.sql.types import _parse_datatype_string
+    assert spark.read.format("delta").load(runs).schema == _parse_datatype_string(tables.RUNS_SCHEMA)
     by_spark = sorted((r.asDict() for r in spark.read.format("delta").load(runs).collect()), key=lambda r: r["attempt"])
     assert by_spark == [{c: w[c] for c in tables.RUNS_COLUMNS} for w in written]
     with SparkWrites():
