@@ -20,7 +20,8 @@ States and the only transitions ``Attempt`` takes (any other raises ``LifecycleE
     fitting      publishing      ``fitted(spent)``: spent == plan  -                                    running row settled
     publishing   succeeded       ``succeed(write)``                ``succeeded`` (after runs/)          ``succeeded``, write()
     started      awaiting        ``Awaiting`` (ldp ingest)         [started, awaiting]                  ``awaiting``
-    started      refused         ``BudgetRefused`` from charge     [started, refused] (the ledger's)    ``refused``
+    started      refused         ``BudgetRefused`` from charge,    [started, refused] (the ledger's)    ``refused``
+                                 or ``refuse_before_reading``
     started,     invalid_config  a ``ConfigError`` (exit 2)        ``invalid_config``                   ``invalid_config``
     charged,     killed          ``RunKilled``, KeyboardInterrupt  ``killed`` (Spark jobs cancelled)    ``killed``
     fitting or   failed          any other exception               ``failed``                           ``failed``, its error
@@ -248,6 +249,27 @@ class Attempt:
         self._move("charged")
         self.record.update(charged=True, epsilon_spent=self.plan[0], delta_spent=self.plan[1])
         return self.totals
+
+    def refuse_before_reading(self, input_key: str, algorithm: str, input_seen: str, budget=None, **described) -> None:
+        """started -> refused, before the face reads the input, when the ledger ALREADY refuses the
+        charge (``Ledger.refuses``: a local ledger's latest version read by delta-rs; a refusal read
+        from a snapshot is final). Raises ``BudgetRefused`` as ``charge`` would (the input opened as
+        ``open_input(input_key, **described)``, the same events); returns when the charge may pass or
+        only the charge can tell, and then nothing was recorded. Only a first attempt: a later one
+        may take over an earlier attempt's charge instead (``charge``)."""
+        self._require("started")
+        if self.ledger is None or self.earlier:
+            return
+        cap_eps = budget.epsilon if budget is not None else None
+        cap_delta = budget.delta if budget is not None else None
+        with step("privacy ledger: refusal check", self.timings):
+            totals = self.ledger.refuses(input_key, *self.plan, cap_eps, cap_delta, guarantee=self.guarantee)
+        if totals is None:
+            return
+        self.open_input(input_key, **described)
+        with step("privacy ledger: charge", self.timings):
+            self.ledger.refuse(totals, input_key, self.run_id, algorithm, *self.plan, guarantee=self.guarantee,
+                               attempt=self.number, input_seen=input_seen, private=self.private)
 
     def start_fit(self) -> None:
         """-> fitting: the first read of a private value. With a ledger the attempt's events so far

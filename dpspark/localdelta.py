@@ -10,8 +10,9 @@ table whose protocol needs reader features (deletion vectors, column mapping), o
 delta-rs. The caller then asks Spark, so an answer here is always the one Spark would give, never
 a guess.
 
-Writes (``append_rows``, ``update_row``) are the bookkeeping commits of a run on tables that
-already exist: the running row of ``runs/``, the ledger's events and its charge. In a new driver
+Writes (``append_rows``, ``update_row``, ``create_table``) are the bookkeeping commits of a run:
+the rows of ``runs/``, the ledger's events and its charge, a new attempt's centers, and the first
+commit of a new output path's ``runs/`` and ``centers/``. In a new driver
 the first Delta write on Spark costs seconds of class loading and JIT wherever it falls (a cold
 charge measured 13 s at 94% of both cores of the project's machine), and a run's records are a
 few rows. A write here is ONE Delta commit by delta-rs, under the Delta protocol that Spark's
@@ -206,12 +207,17 @@ def _arrow_type(ddl_type: str):
             "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us", tz="UTC")}[ddl_type.upper()]
 
 
-def create_table(path: str, rows: list[dict], ddl: str) -> bool:
+_PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def create_table(path: str, rows: list[dict], ddl) -> bool:
     """A NEW local Delta table at ``path`` holding ``rows``, its schema the Spark DDL ``ddl`` (``name TYPE,
-    ...``: STRING, INT, BIGINT, DOUBLE, BOOLEAN, TIMESTAMP; every column nullable, as Spark makes
-    them), created by delta-rs as version 0 with a plain protocol (reader 1, writer 2). False when
-    nothing was written: a remote path, a table (or anything) already there, a type outside that
-    list, or an error before the commit; the caller then writes with Spark."""
+    ...``, or a list of (name, TYPE) pairs: STRING, INT, BIGINT, DOUBLE, BOOLEAN, TIMESTAMP; every
+    column nullable, as Spark's Delta writer makes them), created by delta-rs as version 0 with a
+    plain protocol (reader 1, writer 2). False when nothing was written: a remote path, a table (or
+    anything) already there, a type outside that list, a column name that is not a plain identifier
+    (Spark decides what else Delta allows), or an error before the commit; the caller then writes
+    with Spark."""
     local = local_path(path)
     if local is None or os.path.exists(local):
         return False
@@ -219,8 +225,10 @@ def create_table(path: str, rows: list[dict], ddl: str) -> bool:
         import pyarrow as pa
         from deltalake import CommitProperties, write_deltalake
 
-        schema = pa.schema([pa.field(name, _arrow_type(kind)) for name, kind in
-                            (column.split() for column in ddl.split(", "))])
+        pairs = [tuple(column.split()) for column in ddl.split(", ")] if isinstance(ddl, str) else list(ddl)
+        if not all(_PLAIN_NAME.match(name) for name, _ in pairs) or len({n.lower() for n, _ in pairs}) != len(pairs):
+            return False
+        schema = pa.schema([pa.field(name, _arrow_type(kind)) for name, kind in pairs])
         data = pa.Table.from_pylist([{c: _arrow_value(r.get(c)) for c in schema.names} for r in rows], schema=schema)
     except Exception:
         return False

@@ -169,6 +169,18 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
     # attempt succeeds; the --json line and runs/ say how this attempt ended.
     attempt = a.begin(earlier)  # the running row of runs/ is written in a thread from here
     _warm_python_workers(spark)  # in a thread: public rows only
+    preflight = getattr(estimator, "preflight", None)
+    ready = getattr(estimator, "check_ready", None)
+    params = config.algorithm.params
+    waits = getattr(params, "candidates", None) == "table" or getattr(params, "mode", None) == "ingest"
+    if a.ledger is not None and not earlier and not waits and not tables.is_connect(spark):
+        # A ledger that already refuses this run refuses it before Spark's first, cold read of the
+        # input (seconds): its key and version from the local Delta log, as the read would record
+        # them. Not when the run has other inputs to check first (a candidate table, ldp reports).
+        known = tables.local_delta_input(config.input)
+        if known is not None:
+            a.refuse_before_reading(known[1], config.algorithm.name, known[0], config.privacy.budget,
+                                    input_path=known[0], input_version=known[2])
     with step("read input table (schema and version)", timings):
         table = tables.load_input(spark, config.input, version=pinned)
         tables.check_schema(table.df, config.input.features, config.input.privacy_unit, config.domain.dim)
@@ -177,13 +189,11 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
         log.info("attempt %d of run %s reads version %s of the input, as its first attempt did", attempt, run_id, pinned)
 
     # Every public input is checked before the charge (a missing candidate table burns nothing).
-    preflight = getattr(estimator, "preflight", None)
     if preflight is not None:
         with step("check the public inputs", timings):
             preflight(spark, a.input_key)
     # Families whose inputs arrive over time (ldp ingest mode) say here, before any charge,
     # whether the run can release; if not, nothing is charged or released (exit 1).
-    ready = getattr(estimator, "check_ready", None)
     if ready is not None:
         try:
             with step("check that every input is in", timings):

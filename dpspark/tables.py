@@ -525,7 +525,9 @@ def write_centers(spark, path: str, run_id: str, feature_names: list[str], cente
     keeps its rows (a ``--force`` release adds its own beside the earlier one's); a table written
     before the ``attempt`` column existed gets it (null in its old rows). ``new``: no rows of this
     attempt can be there (``replace_run_rows``); appended by delta-rs to a LOCAL table with exactly
-    these columns (``localdelta.append_rows``), else by Spark."""
+    these columns (``localdelta.append_rows``) or written as a new LOCAL table's first commit
+    (``localdelta.create_table``: Spark's column types, all nullable as Spark's Delta writer makes
+    them), else by Spark."""
     from pyspark.sql import types as T
 
     schema = T.StructType(
@@ -540,8 +542,12 @@ def write_centers(spark, path: str, run_id: str, feature_names: list[str], cente
     ]
     if new and RUN_ID_PATTERN.match(run_id) and not is_connect(spark):  # a LOCAL table: by delta-rs if it can
         columns = tuple(schema.fieldNames())
-        if localdelta.append_rows(path, [dict(zip(columns, r)) for r in rows], columns):
+        found = [dict(zip(columns, r)) for r in rows]
+        if localdelta.append_rows(path, found, columns):
             return
+        ddl = [(f.name, f.dataType.simpleString().upper()) for f in schema.fields]
+        if localdelta.create_table(path, found, ddl):
+            return  # a new output path's centers/, created by its first attempt's rows
     frame = spark.createDataFrame(rows, schema).coalesce(1)
     if _delta_exists(spark, path) and "attempt" not in spark.read.format("delta").load(path).columns:
         # an old table: add the column first (a replaceWhere cannot name a column the table lacks)
@@ -627,6 +633,24 @@ def ledger_key_without_spark(path: str) -> str | None:
         found = localdelta.table_id(local)
         return None if found is None else f"delta-table:{found}"
     return canonical_path(None, local)
+
+
+def local_delta_input(input_cfg) -> tuple[str, str, int] | None:
+    """(path, ledger key, latest version) of the input a config names when it is a LOCAL Delta table
+    read at its latest version (``input.path``, format delta, no ``input.version`` or
+    ``input.timestamp``), from ONE delta-rs snapshot of its log: what ``load_input`` records for it,
+    without Spark. None otherwise, or when delta-rs cannot read it (then only Spark can say)."""
+    if (input_cfg.format != "delta" or getattr(input_cfg, "table", None) or input_cfg.version is not None
+            or input_cfg.timestamp is not None or not input_cfg.path):
+        return None
+    path = qualify(input_cfg.path)
+    table = localdelta.open_table(path)
+    if table is None:
+        return None
+    try:
+        return path, f"delta-table:{table.metadata().id}", int(table.version())
+    except Exception:
+        return None
 
 
 def _numbered(rows: list[dict]) -> list[dict]:

@@ -239,3 +239,52 @@ def test_ledger_operations_use_small_table_settings_and_put_the_sessions_back(sp
     assert seen == [{"spark.sql.shuffle.partitions": "1", "spark.databricks.delta.snapshotPartitions": "1"}] * 2
     assert after == "7"
     assert spark.conf.get("spark.databricks.delta.snapshotPartitions", None) == snapshot_before
+
+
+def test_a_ledger_that_already_refuses_refuses_before_spark_reads_the_input(spark, tmp_path, write_delta, monkeypatch):
+    """A first attempt over a local Delta input whose ledger already refuses its charge is refused
+    before Spark's read of the input (``Attempt.refuse_before_reading``), with the records that read
+    would give (key, version, path) and the same ledger events; a budget that allows it, or a later
+    attempt (which may take over an earlier charge), goes through the read and the charge as before."""
+    path = write_delta(points_frame(50))
+    spark.createDataFrame(points_frame(5, seed=3)).write.format("delta").mode("append").save(path)  # version 1
+    ledger_path = str(tmp_path / "ledger")
+    key = set_budget(spark, ledger_path, path, epsilon=0.5)  # a run asks for epsilon 1
+    cfg, c = make_config(tmp_path, path, **{"privacy.ledger": ledger_path, "output.report": False})
+    reads = []
+    real = tables.load_input
+    monkeypatch.setattr(tables, "load_input", lambda *a, **k: reads.append(1) or real(*a, **k))
+    ledger = Ledger(spark, ledger_path)
+    before = ledger.totals(key)
+
+    assert main(["run", "--config", cfg, "--run-id", "early"], spark=spark) == 3
+    assert reads == []  # decided from the ledger and the input's Delta log only
+    row = spark.read.format("delta").load(c["output"]["path"] + "/runs").collect()[0]
+    assert (row.status, row.charged, row.epsilon_spent) == ("refused", False, 0.0)
+    assert (row.input_key, row.input_version, row.input_path) == (key, 1, tables.qualify(path))
+    assert statuses(ledger, key) == [("early", 1, "started", 0.0), ("early", 1, "refused", 0.0)]
+    refused = [e for e in ledger.events(key) if e["status"] == "refused"][0]
+    assert (refused["input_seen"], refused["remaining_epsilon"], refused["asked_epsilon"]) == (tables.qualify(path), 0.5, 1.0)
+    assert ledger.totals(key).spent_epsilon == before.spent_epsilon == 0.0
+
+    # A later attempt of the same run id reads the input first (it may reuse an earlier charge).
+    assert main(["run", "--config", cfg, "--run-id", "early"], spark=spark) == 3
+    assert reads == [1]
+    # With budget left, the run reads, is charged and succeeds.
+    set_budget(spark, ledger_path, path, epsilon=5.0)
+    assert main(["run", "--config", cfg, "--run-id", "later"], spark=spark) == 0
+    assert reads == [1, 1] and ledger.totals(key).spent_epsilon == pytest.approx(1.0)
+
+
+def test_refuses_reads_the_ledger_and_writes_nothing(spark, tmp_path):
+    from dpspark import localdelta
+
+    ledger = Ledger(spark, str(tmp_path / "ledger"))
+    ledger.set_budget("file:/data/people", 1.0, 1e-6)
+    version = localdelta.open_table(ledger.path).version()
+    assert ledger.refuses("file:/data/people", 0.5, 0.0) is None  # it fits: the charge decides
+    totals = ledger.refuses("file:/data/people", 1.5, 0.0)
+    assert totals is not None and totals.ledger_cap_epsilon == 1.0 and totals.spent_epsilon == 0.0
+    assert ledger.refuses("file:/data/people", 0.5, 0.0, 0.4, 0.0) is not None  # over the run's lower request
+    assert ledger.refuses("file:/data/other", 0.1, 0.0).ledger_cap_epsilon is None  # no cap: refused
+    assert localdelta.open_table(ledger.path).version() == version  # nothing written

@@ -28,6 +28,7 @@ class SparkWrites:
         self.patch.setattr(localdelta, "read_rows", lambda *a, **k: None)
         self.patch.setattr(localdelta, "writable_table", lambda *a, **k: None)
         self.patch.setattr(localdelta, "append_rows", lambda *a, **k: False)
+        self.patch.setattr(localdelta, "create_table", lambda *a, **k: False)
 
     def __exit__(self, *exc):
         self.patch.undo()
@@ -214,8 +215,35 @@ def test_centers_appended_by_delta_rs_are_the_rows_spark_writes(spark, tmp_path)
                     tables.write_centers(spark, path, "day-1", ["x", "y"], centers, weights, attempt=attempt, new=True)
             else:
                 tables.write_centers(spark, path, "day-1", ["x", "y"], centers, weights, attempt=attempt, new=True)
-    assert _engines(paths["spark"]) == ["spark", "spark"] and _engines(paths["delta-rs"]) == ["spark", "delta-rs"]
+    assert _engines(paths["spark"]) == ["spark", "spark"] and _engines(paths["delta-rs"]) == ["delta-rs", "delta-rs"]
     read = {mode: sorted((tuple(r) for r in spark.read.format("delta").load(path).collect()), key=repr)
             for mode, path in paths.items()}
     assert read["spark"] == read["delta-rs"] and len(read["spark"]) == 4
     assert spark.read.format("delta").load(paths["delta-rs"]).schema == spark.read.format("delta").load(paths["spark"]).schema
+
+
+def test_a_new_centers_table_is_created_by_delta_rs_as_spark_would_create_it(spark, tmp_path):
+    """The first attempt's centers create ``centers/`` by delta-rs: the schema Spark reads is the one
+    Spark's own first write gives (every column nullable), the rows read back the same, and later
+    attempts append to it. A feature name that is not a plain identifier is left to Spark."""
+    from pyspark.sql import types as T
+
+    centers = [[0.25, -1.5], [3.0, 1e-300]]
+    by_rs, by_spark = str(tmp_path / "rs" / "centers"), str(tmp_path / "spark" / "centers")
+    tables.write_centers(spark, by_rs, "day-1", ["x", "y_1"], centers, [10.5, 2.0], attempt=1, new=True)
+    with SparkWrites():
+        tables.write_centers(spark, by_spark, "day-1", ["x", "y_1"], centers, [10.5, 2.0], attempt=1, new=True)
+    assert _engines(by_rs) == ["delta-rs"] and _engines(by_spark) == ["spark"]
+    schema = spark.read.format("delta").load(by_rs).schema
+    assert schema == spark.read.format("delta").load(by_spark).schema
+    assert all(f.nullable for f in schema.fields) and schema["attempt"].dataType == T.IntegerType()
+
+    def rows(path):
+        return sorted(tuple(r) for r in spark.read.format("delta").load(path).collect())
+
+    assert rows(by_rs) == rows(by_spark) == [("day-1", 1, 0, 0.25, -1.5, 10.5, True), ("day-1", 1, 1, 3.0, 1e-300, 2.0, True)]
+    tables.write_centers(spark, by_rs, "day-1", ["x", "y_1"], centers[:1], [4.0], attempt=2, new=True)
+    assert _engines(by_rs) == ["delta-rs", "delta-rs"] and len(rows(by_rs)) == 3
+    odd = str(tmp_path / "odd" / "centers")
+    tables.write_centers(spark, odd, "day-1", ["x-1"], [[1.0]], [1.0], attempt=1, new=True)
+    assert _engines(odd) == ["spark"] and spark.read.format("delta").load(odd).columns[3] == "x-1"

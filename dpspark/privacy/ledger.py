@@ -524,25 +524,8 @@ class Ledger:
         if totals is None:
             totals = self.totals(input_key, requested_epsilon, requested_delta, guarantee=guarantee)
         if not charged:
-            left = totals.as_dict()  # the budget in force for this run (the cap, or the run's lower request)
-            self._append(dict(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm, epsilon=0.0,
-                              delta=0.0, status="refused", guarantee=guarantee, attempt=attempt, input_seen=input_seen,
-                              note=note, asked_epsilon=float(epsilon), asked_delta=float(delta),
-                              remaining_epsilon=left["remaining_epsilon"], remaining_delta=left["remaining_delta"]))
-            if totals.ledger_cap_epsilon is None:
-                raise BudgetRefused(
-                    f"privacy budget refused for input {input_seen or input_key!r} (ledger key {input_key}): the ledger "
-                    f"{self.path} holds no {guarantee} budget for it; its administrator sets one with "
-                    f"`dpspark ledger set-budget --ledger {self.path} --input {input_seen or input_key} --epsilon E --delta D`"
-                    + ("" if guarantee == "central" else " --guarantee local")
-                )
-            raise BudgetRefused(
-                f"privacy budget refused for input {input_seen or input_key!r}: this run needs epsilon={epsilon:g}, "
-                f"delta={delta:g} ({guarantee}); already spent epsilon={totals.spent_epsilon:g}, delta={totals.spent_delta:g} "
-                f"of the budget epsilon={totals.budget_epsilon:g}, delta={(totals.budget_delta or 0.0):g}, so "
-                f"epsilon={max(0.0, totals.budget_epsilon - totals.spent_epsilon):g}, "
-                f"delta={max(0.0, (totals.budget_delta or 0.0) - totals.spent_delta):g} remain (ledger {self.path})"
-            )
+            self.refuse(totals, input_key, run_id, algorithm, epsilon, delta, guarantee=guarantee, attempt=attempt,
+                        input_seen=input_seen, private=private)
         charged_event = dict(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm,
                              epsilon=float(epsilon), delta=float(delta), status="charged", guarantee=guarantee,
                              attempt=attempt, input_seen=input_seen, note=note)
@@ -552,6 +535,42 @@ class Ledger:
         else:
             self._append(charged_event)
         return totals
+
+    def refuses(self, input_key: str, epsilon: float, delta: float, requested_epsilon: float | None = None,
+                requested_delta: float | None = None, *, guarantee: str = "central") -> LedgerTotals | None:
+        """The totals of a LOCAL ledger's latest version when it already refuses this charge (no cap,
+        or not enough left): what ``charge`` would decide, read by delta-rs without Spark and without
+        writing anything. None when the charge may pass or when only Spark can read the ledger (then
+        ``charge`` decides). A refusal read from a snapshot is final (``_refusal_without_spark``)."""
+        _check_guarantee(guarantee)
+        self.require_exclusive_commits()
+        return self._refusal_without_spark(input_key, epsilon, delta, requested_epsilon, requested_delta, guarantee)
+
+    def refuse(self, totals: LedgerTotals, input_key: str, run_id: str, algorithm: str, epsilon: float, delta: float,
+               *, guarantee: str = "central", attempt: int | None = None, input_seen: str | None = None,
+               private: bool = True):
+        """Record the refusal of a charge (with the deferred events, one commit) and raise
+        ``BudgetRefused`` saying what is left. ``totals``: the budget in force that refused it."""
+        note = None if private else NOT_PRIVATE_NOTE
+        left = totals.as_dict()  # the budget in force for this run (the cap, or the run's lower request)
+        self._append(dict(kind="run", input_path=input_key, run_id=run_id, algorithm=algorithm, epsilon=0.0,
+                          delta=0.0, status="refused", guarantee=guarantee, attempt=attempt, input_seen=input_seen,
+                          note=note, asked_epsilon=float(epsilon), asked_delta=float(delta),
+                          remaining_epsilon=left["remaining_epsilon"], remaining_delta=left["remaining_delta"]))
+        if totals.ledger_cap_epsilon is None:
+            raise BudgetRefused(
+                f"privacy budget refused for input {input_seen or input_key!r} (ledger key {input_key}): the ledger "
+                f"{self.path} holds no {guarantee} budget for it; its administrator sets one with "
+                f"`dpspark ledger set-budget --ledger {self.path} --input {input_seen or input_key} --epsilon E --delta D`"
+                + ("" if guarantee == "central" else " --guarantee local")
+            )
+        raise BudgetRefused(
+            f"privacy budget refused for input {input_seen or input_key!r}: this run needs epsilon={epsilon:g}, "
+            f"delta={delta:g} ({guarantee}); already spent epsilon={totals.spent_epsilon:g}, delta={totals.spent_delta:g} "
+            f"of the budget epsilon={totals.budget_epsilon:g}, delta={(totals.budget_delta or 0.0):g}, so "
+            f"epsilon={max(0.0, totals.budget_epsilon - totals.spent_epsilon):g}, "
+            f"delta={max(0.0, (totals.budget_delta or 0.0) - totals.spent_delta):g} remain (ledger {self.path})"
+        )
 
     def _refusal_without_spark(self, input_key: str, epsilon: float, delta: float, requested_epsilon,
                                requested_delta, guarantee: str) -> LedgerTotals | None:
