@@ -255,15 +255,18 @@ class Attempt:
         charge (``Ledger.refuses``: a local ledger's latest version read by delta-rs; a refusal read
         from a snapshot is final). Raises ``BudgetRefused`` as ``charge`` would (the input opened as
         ``open_input(input_key, **described)``, the same events); returns when the charge may pass or
-        only the charge can tell, and then nothing was recorded. Only a first attempt: a later one
-        may take over an earlier attempt's charge instead (``charge``)."""
+        only the charge can tell, and then nothing was recorded: also when an earlier attempt's charge
+        can be taken over (``reusable_charge``, as ``charge`` decides it)."""
         self._require("started")
-        if self.ledger is None or self.earlier:
+        if self.ledger is None:
             return
         cap_eps = budget.epsilon if budget is not None else None
         cap_delta = budget.delta if budget is not None else None
         with step("privacy ledger: refusal check", self.timings):
             totals = self.ledger.refuses(input_key, *self.plan, cap_eps, cap_delta, guarantee=self.guarantee)
+            if totals is not None and self.earlier and reusable_charge(self.ledger, input_key, self.run_id, self.plan,
+                                                                       self.guarantee) is not None:
+                totals = None  # ``charge`` takes over the earlier attempt's charge instead
         if totals is None:
             return
         self.open_input(input_key, **described)

@@ -173,14 +173,14 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
     ready = getattr(estimator, "check_ready", None)
     params = config.algorithm.params
     waits = getattr(params, "candidates", None) == "table" or getattr(params, "mode", None) == "ingest"
-    if a.ledger is not None and not earlier and not waits and not tables.is_connect(spark):
+    if a.ledger is not None and not waits and not tables.is_connect(spark):
         # A ledger that already refuses this run refuses it before Spark's first, cold read of the
         # input (seconds): its key and version from the local Delta log, as the read would record
         # them. Not when the run has other inputs to check first (a candidate table, ldp reports).
         known = tables.local_delta_input(config.input)
-        if known is not None:
+        if known is not None and (pinned is None or pinned <= known[2]):
             a.refuse_before_reading(known[1], config.algorithm.name, known[0], config.privacy.budget,
-                                    input_path=known[0], input_version=known[2])
+                                    input_path=known[0], input_version=known[2] if pinned is None else pinned)
     with step("read input table (schema and version)", timings):
         table = tables.load_input(spark, config.input, version=pinned)
         tables.check_schema(table.df, config.input.features, config.input.privacy_unit, config.domain.dim)

@@ -242,10 +242,10 @@ def test_ledger_operations_use_small_table_settings_and_put_the_sessions_back(sp
 
 
 def test_a_ledger_that_already_refuses_refuses_before_spark_reads_the_input(spark, tmp_path, write_delta, monkeypatch):
-    """A first attempt over a local Delta input whose ledger already refuses its charge is refused
-    before Spark's read of the input (``Attempt.refuse_before_reading``), with the records that read
-    would give (key, version, path) and the same ledger events; a budget that allows it, or a later
-    attempt (which may take over an earlier charge), goes through the read and the charge as before."""
+    """An attempt over a local Delta input whose ledger already refuses its charge is refused before
+    Spark's read of the input (``Attempt.refuse_before_reading``), with the records that read would
+    give (key, version, path) and the same ledger events; with budget, the read and the charge come
+    as before."""
     path = write_delta(points_frame(50))
     spark.createDataFrame(points_frame(5, seed=3)).write.format("delta").mode("append").save(path)  # version 1
     ledger_path = str(tmp_path / "ledger")
@@ -267,13 +267,26 @@ def test_a_ledger_that_already_refuses_refuses_before_spark_reads_the_input(spar
     assert (refused["input_seen"], refused["remaining_epsilon"], refused["asked_epsilon"]) == (tables.qualify(path), 0.5, 1.0)
     assert ledger.totals(key).spent_epsilon == before.spent_epsilon == 0.0
 
-    # A later attempt of the same run id reads the input first (it may reuse an earlier charge).
+    # Its retry (no earlier charge to take over) is refused the same way; with budget, the run reads,
+    # is charged and succeeds.
     assert main(["run", "--config", cfg, "--run-id", "early"], spark=spark) == 3
-    assert reads == [1]
-    # With budget left, the run reads, is charged and succeeds.
+    assert reads == [] and [s for _, a, s, _ in statuses(ledger, key) if a == 2] == ["started", "refused"]
     set_budget(spark, ledger_path, path, epsilon=5.0)
-    assert main(["run", "--config", cfg, "--run-id", "later"], spark=spark) == 0
-    assert reads == [1, 1] and ledger.totals(key).spent_epsilon == pytest.approx(1.0)
+    assert main(["run", "--config", cfg, "--run-id", "early"], spark=spark) == 0
+    assert reads == [1] and ledger.totals(key).spent_epsilon == pytest.approx(1.0)
+
+
+def test_a_retry_that_can_take_over_its_earlier_charge_is_not_refused_before_the_read(spark, tmp_path, monkeypatch):
+    """The budget is all spent by attempt 1's charge, which ended before its fit: the ledger alone
+    would refuse attempt 2, but it takes that charge over (``reusable_charge``) and succeeds."""
+    from test_scheduling import killed_after_its_charge, one_capped_table
+
+    key, ledger, cfg, out = one_capped_table(spark, tmp_path, 1.0)
+    killed_after_its_charge(spark, monkeypatch, cfg, "r")
+    assert ledger.refuses(key, 1.0, 0.0) is not None  # nothing left for a new charge
+    assert main(["run", "--config", cfg, "--run-id", "r"], spark=spark) == 0
+    assert ledger.totals(key).spent_epsilon == pytest.approx(1.0)
+    assert [e["status"] for e in ledger.runs(key)][3:] == ["started", "reused", "fit_started", "succeeded"]
 
 
 def test_refuses_reads_the_ledger_and_writes_nothing(spark, tmp_path):
@@ -288,3 +301,31 @@ def test_refuses_reads_the_ledger_and_writes_nothing(spark, tmp_path):
     assert ledger.refuses("file:/data/people", 0.5, 0.0, 0.4, 0.0) is not None  # over the run's lower request
     assert ledger.refuses("file:/data/other", 0.1, 0.0).ledger_cap_epsilon is None  # no cap: refused
     assert localdelta.open_table(ledger.path).version() == version  # nothing written
+
+
+def test_a_charge_after_refuses_decides_again_when_another_driver_charged_in_between(spark, tmp_path, monkeypatch):
+    """``refuses`` keeps its snapshot for the charge's first decision; when another driver charges in
+    between, that snapshot is stale: its commit fails and the charge reads again and refuses, so the
+    two charges never exceed the cap together."""
+    from dpspark import localdelta
+
+    path = str(tmp_path / "ledger")
+    mine, theirs = Ledger(spark, path), Ledger(spark, path)
+    mine.set_budget("file:/data/people", 1.0, 0.0)
+    assert mine.refuses("file:/data/people", 0.6, 0.0) is None  # 0 of 1.0 spent: it fits
+    theirs.charge("file:/data/people", "theirs", "dplloyd", 0.6, 0.0)
+    version = localdelta.open_table(path).version()
+    real_read, reads = localdelta.read_rows, []
+    monkeypatch.setattr(localdelta, "read_rows", lambda *a, **k: reads.append(a[1]) or real_read(*a, **k))
+    with pytest.raises(BudgetRefused):
+        mine.charge("file:/data/people", "mine", "dplloyd", 0.6, 0.0)
+    assert len([r for r in reads if r.get("kind") == ["balance"]]) == 1  # the stale snapshot failed: read once more
+    assert mine.totals("file:/data/people").spent_epsilon == pytest.approx(0.6)
+    assert localdelta.open_table(path).version() > version  # the refusal's events, no second charge
+    # Without a competitor the cached snapshot is current and the charge commits on it.
+    mine.set_budget("file:/data/people", 2.0, 0.0)
+    assert mine.refuses("file:/data/people", 0.6, 0.0) is None
+    reads.clear()
+    mine.charge("file:/data/people", "mine", "dplloyd", 0.6, 0.0, attempt=2)
+    assert [r for r in reads if r.get("kind") == ["balance"]] == []  # decided on refuses's snapshot
+    assert mine.totals("file:/data/people").spent_epsilon == pytest.approx(1.2)

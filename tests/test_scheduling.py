@@ -148,19 +148,24 @@ def one_capped_table(spark, tmp_path, cap: float):
     return key, ledger, daily_config(tmp_path, table, ledger_path, out), out
 
 
-def test_a_retry_reuses_the_charge_of_an_attempt_that_never_started_its_fit(spark, tmp_path, monkeypatch):
-    """Killed right after its charge (before the fit: no private value read, no noise drawn), an
-    attempt leaves its charge to the retry; the ledger total stays at one charge."""
-    key, ledger, cfg, out = one_capped_table(spark, tmp_path, 3.0)
+def killed_after_its_charge(spark, monkeypatch, cfg: str, run_id: str) -> None:
+    """Run ``run_id`` once: charged, then killed (SIGTERM) before its fit, exit 143."""
     real_charge = Ledger.charge
 
     def charge_then_killed(self, *args, **kwargs):
         real_charge(self, *args, **kwargs)
         raise RunKilled(signal.SIGTERM)
 
-    monkeypatch.setattr(Ledger, "charge", charge_then_killed)
-    assert main(["run", "--config", cfg, "--run-id", "r"], spark=spark) == 143
-    monkeypatch.setattr(Ledger, "charge", real_charge)
+    with monkeypatch.context() as patched:
+        patched.setattr(Ledger, "charge", charge_then_killed)
+        assert main(["run", "--config", cfg, "--run-id", run_id], spark=spark) == 143
+
+
+def test_a_retry_reuses_the_charge_of_an_attempt_that_never_started_its_fit(spark, tmp_path, monkeypatch):
+    """Killed right after its charge (before the fit: no private value read, no noise drawn), an
+    attempt leaves its charge to the retry; the ledger total stays at one charge."""
+    key, ledger, cfg, out = one_capped_table(spark, tmp_path, 3.0)
+    killed_after_its_charge(spark, monkeypatch, cfg, "r")
     assert ledger.totals(key).spent_epsilon == pytest.approx(1.0)
     assert main(["run", "--config", cfg, "--run-id", "r"], spark=spark) == 0
     assert ledger.totals(key).spent_epsilon == pytest.approx(1.0)  # not charged twice

@@ -329,6 +329,7 @@ class Ledger:
         self._ready = False  # the table exists with every column (checked once per instance)
         self._pending: list[tuple] = []  # deferred event rows, written with the next append
         self._lock = threading.Lock()
+        self._balance_read = None  # (input key, delta-rs snapshot, its balance rows) from ``refuses``
         self._exclusion_checked = False
 
     def require_exclusive_commits(self) -> None:
@@ -544,7 +545,35 @@ class Ledger:
         ``charge`` decides). A refusal read from a snapshot is final (``_refusal_without_spark``)."""
         _check_guarantee(guarantee)
         self.require_exclusive_commits()
-        return self._refusal_without_spark(input_key, epsilon, delta, requested_epsilon, requested_delta, guarantee)
+        from dpspark.session import is_connect
+        if self.spark is not None and is_connect(self.spark):
+            return None
+        table = localdelta.writable_table(self.path)
+        if table is None:  # not one delta-rs writes: a read of it may still refuse
+            return self._refusal_without_spark(input_key, epsilon, delta, requested_epsilon, requested_delta, guarantee)
+        found = localdelta.read_rows(self.path, {"kind": ["balance"], "input_path": [input_key]}, table=table)
+        if found is None:
+            return None
+        self._balance_read = (input_key, table, found)  # the charge's first decision reads this snapshot
+        decided = self._decide(found, input_key, epsilon, delta, requested_epsilon, requested_delta, guarantee)
+        return decided[1] if decided is not None and decided[0] is False else None
+
+    def _decide(self, found: list[dict], input_key: str, epsilon: float, delta: float, requested_epsilon,
+                requested_delta, guarantee: str):
+        """The budget condition on the balance rows of one snapshot: (False, totals) refused, (True,
+        totals, row) within the budget, None when only Spark's UPDATE should decide (rows dpspark
+        never writes: two balance rows, a NULL total)."""
+        entry = _balance_id(input_key, guarantee)
+        rows = [{**dict.fromkeys(COLUMNS), **r} for r in found if r.get("entry_id") == entry]
+        if len(rows) > 1:
+            return None  # never written by dpspark: Spark's UPDATE applies its condition to each
+        row = rows[0] if rows else None
+        if row is not None and (row["epsilon"] is None or row["delta"] is None):
+            return None  # never written by dpspark: Spark's UPDATE (its NULL arithmetic) decides
+        totals = self._totals_of(row, input_key, requested_epsilon, requested_delta, guarantee)
+        if not _within_budget(totals, epsilon, delta, requested_epsilon, requested_delta):
+            return False, totals
+        return True, totals, row
 
     def refuse(self, totals: LedgerTotals, input_key: str, run_id: str, algorithm: str, epsilon: float, delta: float,
                *, guarantee: str = "central", attempt: int | None = None, input_seen: str | None = None,
@@ -605,22 +634,21 @@ class Ledger:
         if self.spark is not None and is_connect(self.spark):
             return None
         entry = _balance_id(input_key, guarantee)
+        earlier, self._balance_read = self._balance_read, None
         for attempt_no in range(MAX_ATTEMPTS):
-            table = localdelta.writable_table(self.path)
-            if table is None:
-                return None
-            found = localdelta.read_rows(self.path, {"kind": ["balance"], "input_path": [input_key]}, table=table)
-            if found is None:
-                return None
-            rows = [{**dict.fromkeys(COLUMNS), **r} for r in found if r.get("entry_id") == entry]
-            if len(rows) > 1:
-                return None  # never written by dpspark: Spark's UPDATE applies its condition to each
-            row = rows[0] if rows else None
-            if row is not None and (row["epsilon"] is None or row["delta"] is None):
-                return None  # never written by dpspark: Spark's UPDATE (its NULL arithmetic) decides
-            totals = self._totals_of(row, input_key, requested_epsilon, requested_delta, guarantee)
-            if not _within_budget(totals, epsilon, delta, requested_epsilon, requested_delta):
-                return False, totals
+            if attempt_no == 0 and earlier is not None and earlier[0] == input_key:
+                table, found = earlier[1], earlier[2]  # ``refuses``'s snapshot: a stale one fails to commit
+            else:
+                table = localdelta.writable_table(self.path)
+                if table is None:
+                    return None
+                found = localdelta.read_rows(self.path, {"kind": ["balance"], "input_path": [input_key]}, table=table)
+                if found is None:
+                    return None
+            decided = self._decide(found, input_key, epsilon, delta, requested_epsilon, requested_delta, guarantee)
+            if decided is None or decided[0] is False:
+                return decided
+            row = decided[2]
             spent_epsilon, spent_delta = row["epsilon"] + float(epsilon), row["delta"] + float(delta)
             written = localdelta.update_row(table, self.path, "entry_id", entry,
                                             {"epsilon": spent_epsilon, "delta": spent_delta, "updated_at": self._now()})
@@ -631,7 +659,8 @@ class Ledger:
                 return True, self._totals_of({**row, "epsilon": spent_epsilon, "delta": spent_delta}, input_key,
                                              requested_epsilon, requested_delta, guarantee)
             log.info("ledger: concurrent charge on %s, retrying (attempt %d)", input_key, attempt_no + 2)
-            time.sleep(random.uniform(0.05, 0.5))
+            if not (attempt_no == 0 and earlier is not None):  # an older snapshot: read the new one at once
+                time.sleep(random.uniform(0.05, 0.5))
         return None  # still contended: Spark's UPDATE decides, with its own retries
 
     @_small_table
