@@ -99,24 +99,25 @@ def run_dpspark(table: str, work: Path, logs: Path, rep: int, env: dict, timeout
     """``code``: a directory holding another checkout's ``dpspark/`` package, run instead of this tree's."""
     if code is not None:
         env = dict(env, PYTHONPATH=os.pathsep.join([code] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
-    out = work / f"{label}-{rep}"
+    name = label.replace(":", "-")  # file names without ":" (label "dpspark:before")
+    out = work / f"{name}-{rep}"
     shutil.rmtree(out, ignore_errors=True)
     ledger = out / "ledger"
     setb = [DPSPARK, "ledger", "set-budget", "--ledger", str(ledger), "--input", table, "--epsilon", "10", "--delta", "1e-5"]
     load_before = bh.load_average()
-    set_wall, set_code, _, _ = _timed(setb, logs / f"set-budget-{label}-{rep}.log", env, timeout)
+    set_wall, set_code, _, _ = _timed(setb, logs / f"set-budget-{name}-{rep}.log", env, timeout)
     if set_code != 0:
-        raise SystemExit(f"bench_demo: set-budget failed (exit {set_code}), see {logs}/set-budget-{label}-{rep}.log")
+        raise SystemExit(f"bench_demo: set-budget failed (exit {set_code}), see {logs}/set-budget-{name}-{rep}.log")
     cmd = [DPSPARK, "run", "--config", str(CONFIG), "--set", f"input.path={table}", "--set", f"privacy.ledger={ledger}",
            "--set", f"output.path={out}", "--json"]
     load_run = bh.load_average()
     # A run with a ledger shows no step durations on stderr (the analyst's view): they are in the
     # operator record, kept under the deployment's $DPSPARK_OPERATOR_LOG.
     env = dict(env, DPSPARK_OPERATOR_LOG=str(out / "operator"))
-    wall, exit_code, stdout, stderr = _timed(cmd, logs / f"{label}-{rep}.log", env, timeout)
+    wall, exit_code, stdout, stderr = _timed(cmd, logs / f"{name}-{rep}.log", env, timeout)
     outcome = bh.last_json_line(stdout)
     if exit_code != 0 or outcome.get("status") != "succeeded":
-        raise SystemExit(f"bench_demo: dpspark run failed (exit {exit_code}), see {logs}/{label}-{rep}.log")
+        raise SystemExit(f"bench_demo: dpspark run failed (exit {exit_code}), see {logs}/{name}-{rep}.log")
     return {"rep": rep, "job": label, "wall_s": round(wall, 3), "set_budget_s": round(set_wall, 3),
             "load_before_set_budget": load_before, "load_before": load_run, "run_id": outcome["run_id"],
             "operator_log": str(out / "operator"), "logged_steps": bh.step_durations(stderr)}
