@@ -128,7 +128,8 @@ _COMMON = (
 _FAMILY_OPTIONS = (
     # maxcover
     ("candidates", _T.toString, "where the candidate centers come from: private (DP grid cells) | tree (DP "
-                                "LSH-tree leaves, no delta) (both charged) | grid | random | table (public)."),
+                                "LSH-tree leaves, no delta) | grid_or_private (a noisy row count chooses; the "
+                                "default in d <= 3) (all charged) | grid | random | table (public)."),
     ("candidate_table", _T.toString, "path of a PUBLIC Delta table of candidate points (candidates=table); "
                                      "its columns are named like the features."),
     ("candidate_count", _T.toInt, "grid/random: about this many candidates; private/tree: at most this many."),

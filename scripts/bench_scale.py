@@ -193,14 +193,15 @@ def utility_sample(df, domain, n: int) -> np.ndarray:
 # Pass counts (NON-PRIVATE operational metadata)
 
 
-def maxcover_extras(operational: dict, private_candidates: bool) -> dict:
+def maxcover_extras(operational: dict) -> dict:
     """r + 1 (+ 1 private candidates, + 1 more hash-first) as the pass limit, the fallback thresholds, the largest histogram."""
     by_kind = operational.get("passes_by_kind") or {}
     r = by_kind.get("signature histogram")
     sizes = [int(s) for s in operational.get("histogram_sizes") or [] if s is not None and int(s) >= 0]
     fallbacks = operational.get("fallback_thresholds") or []
-    # private candidates: one pass, or two from passes.HASH_FIRST_MIN_DIM dimensions on (hashed counts first)
-    cand_passes = int(bool(private_candidates)) + int("candidate cell hashes" in by_kind)
+    # the candidates' passes as counted: private cells (one, or two from passes.HASH_FIRST_MIN_DIM dimensions
+    # on: hashed counts first), tree (one), grid_or_private's row count (one); none for a public grid
+    cand_passes = sum(int(by_kind.get(kind, 0)) for kind in ("candidate cells", "candidate cell hashes", "tree", "count"))
     return {"passes_limit": "" if r is None else int(r) + 1 + cand_passes,
             "fallback_thresholds": " ".join(str(v) for v in fallbacks),
             "max_histogram": max(sizes) if sizes else "",
@@ -224,8 +225,8 @@ def run_job(job: str, spark, df, domain, features, seed_base: int, tiny: bool = 
         route = (m.info.get("auto") or {}).get("route", "")
         out = {"centers": m.centers, "passes": operational.get("spark_passes"), "epsilon_spent": m.epsilon_spent,
                "source": "fit(operational=...)", "route": route}
-        if route == "maxcover_grid":
-            out.update(maxcover_extras(operational, private_candidates=False))
+        if route == "maxcover":
+            out.update(maxcover_extras(operational))
         elif operational.get("passes_by_kind"):
             out["source"] += " " + json.dumps(operational["passes_by_kind"], sort_keys=True)
         return out
@@ -236,7 +237,7 @@ def run_job(job: str, spark, df, domain, features, seed_base: int, tiny: bool = 
         m = MaxCover(k=K, epsilon=EPS, delta=DELTA, domain=domain, features=features, objective="kmeans",
                      candidate_count=200 if tiny else 1000).fit(df, operational=operational)
         return {"centers": m.centers, "passes": operational.get("spark_passes"), "source": "fit(operational=...)",
-                "epsilon_spent": m.epsilon_spent, **maxcover_extras(operational, private_candidates=True)}
+                "epsilon_spent": m.epsilon_spent, **maxcover_extras(operational)}
     if job == "dplloyd":
         from dpspark.dplloyd.estimator import DPLloyd
 
@@ -306,7 +307,7 @@ def family_config(job: str, table: str, d: int, out_dir: str, tiny: bool = False
     algorithm = {"name": job, "objective": "kmeans", "k": K}
     delta = DELTA
     if job == "maxcover":
-        algorithm.update(candidate_count=200 if tiny else 1000)  # its default candidates for d (private / tree)
+        algorithm.update(candidate_count=200 if tiny else 1000)  # its default candidates for d (grid_or_private / tree)
     elif job == "dplloyd":
         algorithm.update(variant="allocation_nk", iterations=3 if tiny else 12)
         delta = 0.0  # pure epsilon-DP: the family refuses a configured delta
@@ -410,8 +411,8 @@ def whole_job(spark, job: str, seq: int, n: int, d: int, table: str, workdir: Pa
                 row["route"] = params.get("chosen", "") if job == "auto" else ""
                 if operational.get("spark_passes") is not None:
                     row.update(spark_passes=operational["spark_passes"], passes_source="operator record")
-                    if job == "maxcover" or row["route"] == "maxcover_grid":
-                        row.update(maxcover_extras(operational, private_candidates=(job == "maxcover")))
+                    if job == "maxcover" or row["route"] == "maxcover":
+                        row.update(maxcover_extras(operational))
                     elif operational.get("passes_by_kind"):
                         row["passes_source"] += " " + json.dumps(operational["passes_by_kind"], sort_keys=True)
                 elif job == "dplloyd":

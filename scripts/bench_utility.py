@@ -5,10 +5,11 @@ Methods (all k-means objective, so one cost ratio compares them all):
 
 - ``auto``: ``dpspark.auto.AutoClustering(objective="kmeans", delta=1e-6)``, which chooses its own route
   (recorded per run); it runs only with ``--engine spark``; an ImportError etc. is recorded as a failed run;
-- ``maxcover_grid``, ``maxcover_private``, ``maxcover_tree``: ``MaxCover(objective="kmeans", candidates=...)``,
+- ``maxcover`` (its default candidates for d: ``grid_or_private`` in 2-3 dimensions, ``tree`` above),
+  ``maxcover_grid``, ``maxcover_private``, ``maxcover_tree``: ``MaxCover(objective="kmeans", candidates=...)``,
   delta = 1e-6;
 - ``dplloyd_<variant>`` for the four variants (allocation_nk, average_nk, average_k, allocation_k), pure eps-DP;
-  these seven are the "explicit" methods of the targets table;
+  these eight are the "explicit" methods of the targets table;
 - ``ldp``: ``LocalDP(objective="kmeans")`` (a LOCAL guarantee: much stronger, expect worse utility);
 - ``nonprivate``: scikit-learn ``KMeans`` (k-means++ init, Lloyd, best of n_init=10), the denominator
   of the cost ratio (so its ratio is 1 by definition; its NICV is the floor);
@@ -87,7 +88,8 @@ EPSILONS = [0.5, 1.0, 2.0]
 DELTA = 1e-6
 DPLLOYD_VARIANTS = ["allocation_nk", "average_nk", "average_k", "allocation_k"]
 # The explicit dpspark methods (the "best explicit" of the targets table is the lowest median among these).
-EXPLICIT_METHODS = ["maxcover_grid", "maxcover_private", "maxcover_tree"] + [f"dplloyd_{v}" for v in DPLLOYD_VARIANTS]
+MAXCOVER = "maxcover"  # the family with its default candidates for d
+EXPLICIT_METHODS = [MAXCOVER, "maxcover_grid", "maxcover_private", "maxcover_tree"] + [f"dplloyd_{v}" for v in DPLLOYD_VARIANTS]
 AUTO = "auto"
 DP_METHODS = EXPLICIT_METHODS + ["ldp", AUTO]
 QUICK_METHODS = EXPLICIT_METHODS + ["ldp"]
@@ -161,9 +163,9 @@ def make_estimator(method: str, ds: dict, eps: float, seed: int | None):
     from dpspark.ldp.estimator import LocalDP
     from dpspark.maxcover.estimator import MaxCover
 
-    if method.startswith("maxcover_"):
+    if method == MAXCOVER or method.startswith("maxcover_"):
         return MaxCover(k=k, epsilon=eps, delta=DELTA, domain=dom, features=feats, objective="kmeans",
-                        candidates=method.split("_", 1)[1], seed=seed)
+                        candidates=method.split("_", 1)[1] if "_" in method else None, seed=seed)
     if method.startswith("dplloyd_"):
         return DPLloyd(k=k, epsilon=eps, domain=dom, features=feats, variant=method.split("_", 1)[1], seed=seed)
     if method == "ldp":
@@ -210,13 +212,11 @@ def fit_numpy(est, x_original: np.ndarray):
     if name == "MaxCover":
         from dpspark.maxcover import candidates as cand_mod
         from dpspark.maxcover import core
-        from dpspark.maxcover.params import budget_split
         from dpspark.tables import unit_columns
 
-        params = est._validated_params()
         epsilon, delta = est.privacy_plan()
-        budget = budget_split(epsilon, delta, params)
         acc = Accountant(epsilon, delta, randomness.noise)
+        params, budget, choice = est.resolve_candidates(est._validated_params(), lambda: int(unit.shape[0]), acc)
         rng = randomness.public_rng("maxcover.candidates")
         if params.candidates == "private":
             columns = unit_columns(est.domain.dim)
@@ -243,7 +243,8 @@ def fit_numpy(est, x_original: np.ndarray):
         centers, _ = est._solve(params, chosen, np.maximum(noisy, 0).astype(np.float64), cand, None,
                                 randomness.public_rng("maxcover.solver"))
         acc.finish()
-        return centers, acc.spent_epsilon, acc.spent_delta, {"candidates": int(cand.shape[0]), "chosen": int(chosen.shape[0])}
+        return centers, acc.spent_epsilon, acc.spent_delta, {"candidates": int(cand.shape[0]), "chosen": int(chosen.shape[0]),
+                                                             "mode": params.candidates}
     if name == "LocalDP":
         from dpspark.ldp import client, protocol
         from dpspark.ldp.estimator import LOCAL_LABEL, LOCAL_RULE
@@ -331,6 +332,8 @@ class SparkEngine:
                     if method == AUTO:  # the route auto chose (its model's parameters / info)
                         params = model.parameters if isinstance(model.parameters, dict) else {}
                         info["chosen"] = params.get("chosen") or ((model.info or {}).get("auto") or {}).get("route")
+                    if isinstance(model.info, dict) and model.info.get("candidate_choice"):  # grid_or_private's choice
+                        info["candidates"] = model.info["candidate_choice"].get("chosen")
                     row.update(cost=cost, epsilon_spent=model.epsilon_spent, delta_spent=model.delta_spent, error="",
                                info=json.dumps(info, default=str))
                 except Exception as exc:
@@ -762,7 +765,8 @@ def target_rows(summary: list[dict], names: list[str]) -> list[dict]:
             ae, pe = med(AUTO, e), better_peer(e)
             side[e] = bool(ae <= pe) if np.isfinite(ae) and np.isfinite(pe) else None
         c = None if any(v is None for v in side.values()) else all(side.values())
-        out.append({"dataset": name, "auto": auto, "best_explicit": best, "best_explicit_method": best_name,
+        out.append({"dataset": name, "auto": auto, "maxcover": med(MAXCOVER, TARGET_EPS),
+                    "best_explicit": best, "best_explicit_method": best_name,
                     "diffprivlib": dpl, "google_lsh": goo, "better_peer": peer1, "a": a, "b": b, "c": c, "c_by_eps": side})
     return out
 
@@ -802,15 +806,15 @@ def readme_markdown(targets: list[dict], datasets: list[dict], reps: str) -> str
             return f"{v:.3g}" if np.isfinite(v) else "-"
 
         ds = by[t["dataset"]]
-        rows.append([f"{t['dataset']} (n={ds['n']}, d={ds['d']}, k={ds['k']})", f(t["auto"]),
+        rows.append([f"{t['dataset']} (n={ds['n']}, d={ds['d']}, k={ds['k']})", f(t["auto"]), f(t.get("maxcover", float("nan"))),
                      f"{f(t['best_explicit'])} ({t['best_explicit_method']})" if t["best_explicit_method"] else "-",
                      f(t["diffprivlib"]), f(t["google_lsh"])])
     return (f"Median k-means cost ratio at epsilon = {TARGET_EPS:g} (cost of the released centers / cost of non-private "
             f"k-means++ best of 10; 1 = as good, lower is better; {reps} runs per cell; data scaled to [-1, 1]^d with "
             "public per-column bounds). diffprivlib at its nominal epsilon (it really spends a different one, see "
             "bench/results/utility/results.md); google_lsh and maxcover spend delta = 1e-6.\n\n"
-            + bh.markdown_table(["dataset", "auto", "best explicit dpspark", "diffprivlib", "google_lsh"], rows,
-                                ["l", "r", "r", "r", "r"]) + "\n")
+            + bh.markdown_table(["dataset", "auto", "maxcover (default candidates)", "best explicit dpspark", "diffprivlib",
+                                 "google_lsh"], rows, ["l", "r", "r", "r", "r", "r"]) + "\n")
 
 
 RUN_COLUMNS = ["dataset", "method", "epsilon", "rep", "cost", "epsilon_spent", "delta_spent", "seconds", "error", "info"]

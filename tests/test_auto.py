@@ -62,8 +62,8 @@ def kmeans_cost(x, centers):
 
 
 def test_choice_reads_only_public_inputs_and_the_plan_states_the_spend():
-    assert choose(2, "kmeans", 1e-6)[0] == "maxcover_grid"
-    assert choose(3, "kmedian", 1e-6)[0] == "maxcover_grid"
+    assert choose(2, "kmeans", 1e-6)[0] == "maxcover"
+    assert choose(3, "kmedian", 1e-6)[0] == "maxcover"
     assert choose(2, "kmeans", 0.0)[0] == "tree_lloyd"  # delta 0: the pure route
     assert choose(4, "kmeans", 1e-6)[0] == "tree_lloyd"
     assert choose(24, "kmedian", 1e-6)[0] == "tree_kmedian"

@@ -185,7 +185,7 @@ def test_auto_is_the_default_and_takes_no_family_key():
 
 
 @pytest.mark.parametrize("dim, objective, delta, spends", [
-    (2, "kmeans", 1e-6, (1.0, 1e-6)),  # maxcover with grid candidates: (epsilon, delta)
+    (2, "kmeans", 1e-6, (1.0, 1e-6)),  # maxcover (grid_or_private): (epsilon, delta)
     (3, "kmedian", 1e-6, (1.0, 1e-6)),
     (2, "kmeans", 0.0, (1.0, 0.0)),  # delta 0: the pure tree route, accepted
     (5, "kmeans", 1e-6, (1.0, 0.0)),  # many dimensions: pure epsilon-DP, the configured delta an upper bound

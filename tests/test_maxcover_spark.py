@@ -20,7 +20,7 @@ from dpspark.errors import ConfigError
 from dpspark.maxcover import candidates as cand_mod
 from dpspark.maxcover import core
 from dpspark.maxcover.candidates import stability_threshold
-from dpspark.maxcover.estimator import MaxCover
+from dpspark.maxcover.estimator import CHOICE_LABEL, MaxCover
 from dpspark.maxcover.params import budget_split
 from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
 from dpspark.privacy.accountant import Accountant
@@ -311,7 +311,7 @@ def candidate_table(spark, tmp_path_factory):
     return path, rows
 
 
-@pytest.mark.parametrize("mode", ["grid", "random", "private", "table", "tree"])
+@pytest.mark.parametrize("mode", ["grid", "random", "private", "table", "tree", "grid_or_private"])
 def test_total_charge_equals_epsilon_and_delta(blob_df, candidate_table, mode):
     extra = {"candidate_table": candidate_table[0]} if mode == "table" else {}
     est = MaxCover(k=4, epsilon=3.0, delta=DELTA, domain=BOX, objective="kmedian", candidates=mode,
@@ -334,6 +334,12 @@ def test_total_charge_equals_epsilon_and_delta(blob_df, candidate_table, mode):
         assert len(tree_charges) >= 3 and len(steps) == 2 + len(tree_charges)
         assert math.isclose(math.fsum(c["epsilon"] for c in tree_charges), 0.4 * 3.0) and all(c["delta"] == 0 for c in tree_charges)
         assert math.isclose(cov["epsilon"], 0.3 * 3.0) and cov["delta"] == DELTA
+    elif mode == "grid_or_private":  # the row count (0.02 * 3) chose the grid (n eps / k far below 5000)
+        choice = next(c for c in model.charges if c["step"] == CHOICE_LABEL)
+        assert len(steps) == 3 and math.isclose(choice["epsilon"], 0.06) and choice["delta"] == 0
+        assert model.info["candidate_choice"]["chosen"] == "grid" and model.parameters["candidates"] == "grid"
+        assert math.isclose(cov["epsilon"], 0.5 * (3.0 - 0.06)) and cov["delta"] == DELTA
+        assert operational["passes_by_kind"]["count"] == 1
     else:
         assert len(steps) == 2
         assert math.isclose(cov["epsilon"], 1.5) and cov["delta"] == DELTA
@@ -342,7 +348,7 @@ def test_total_charge_equals_epsilon_and_delta(blob_df, candidate_table, mode):
     assert r == core.thresholds(BOX.unit_diameter, 1, info["candidate_count"], 0.8).size
     # Pass counts depend on the data: NON-PRIVATE operational metadata, never on the model.
     assert "spark_passes" not in info and "histogram_sizes" not in info
-    assert operational["spark_passes"] <= r + 1 + (1 if mode in ("private", "tree") else 0)
+    assert operational["spark_passes"] <= r + 1 + (1 if mode in ("private", "tree", "grid_or_private") else 0)
     if mode == "tree":
         assert operational["passes_by_kind"]["tree"] == 1
     assert model.centers.shape == (4, 2)
@@ -383,13 +389,15 @@ def _config(tmp_path, data_path, **algorithm):
 
 def test_config_validation(tmp_path):
     cfg = _config(tmp_path, "data/none")
-    params = load_config(cfg).algorithm.params
+    params = load_config(cfg).algorithm.params  # d = 2: the count chooses, the chosen mode's split (not configurable)
+    assert (params.candidates, params.solver, params.eps_candidates, params.eps_coverage, params.eps_counts) == ("grid_or_private", "weighted_kmeans", 0.0, 0.0, 0.0)
+    params = load_config(cfg, ["algorithm.candidates=private"]).algorithm.params
     assert (params.candidates, params.solver, params.eps_candidates, params.eps_coverage, params.eps_counts) == ("private", "weighted_kmeans", 0.4, 0.3, 0.3)
     params = load_config(cfg, ["algorithm.objective=kmedian", "algorithm.candidates=grid"]).algorithm.params
     assert (params.solver, params.eps_candidates, params.eps_coverage, params.delta_candidates) == ("weiszfeld", 0.0, 0.5, 0.0)
     params = load_config(cfg, ["algorithm.objective=kmedian", "algorithm.candidates=table", "algorithm.candidate_table=t"]).algorithm.params
     assert params.solver == "local_search"
-    params = load_config(cfg, ["algorithm.eps_split=0.1,0.6,0.3"]).algorithm.params
+    params = load_config(cfg, ["algorithm.candidates=private", "algorithm.eps_split=0.1,0.6,0.3"]).algorithm.params
     assert (params.eps_candidates, params.eps_coverage, params.eps_counts) == (0.1, 0.6, 0.3)
     params = load_config(cfg, ["algorithm.candidates=tree"]).algorithm.params  # charged epsilon, no delta
     assert (params.eps_candidates, params.eps_coverage, params.eps_counts, params.delta_candidates) == (0.4, 0.3, 0.3, 0.0)
@@ -409,7 +417,7 @@ def test_config_validation(tmp_path):
     }
     for override, key in bad.items():
         with pytest.raises(ConfigError) as err:
-            load_config(cfg, [override])
+            load_config(cfg, ["algorithm.candidates=private", override])
         assert err.value.key == key, override
 
 

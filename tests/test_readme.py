@@ -337,7 +337,7 @@ def test_quickstart_demo_ran(scratch):
     assert summary["status"] == "succeeded" and summary["private"] is True
     assert len(summary["centers"]) == 5
     # The demo runs the default, auto; in 2 dimensions with delta > 0 it chooses maxcover on a grid.
-    assert summary["algorithm"] == "auto" and summary["parameters"]["chosen"] == "maxcover_grid"
+    assert summary["algorithm"] == "auto" and summary["parameters"]["chosen"] == "maxcover"
     assert summary["parameters"]["why"] and summary["delta_spent"] == pytest.approx(1e-6)
 
 

@@ -7,9 +7,11 @@
 The choice (``choose``) reads only the public inputs: d, k, the objective and the
 configured (epsilon, delta); never the data:
 
-- d <= ``GRID_MAX_DIM`` and delta > 0: maxcover with grid candidates (the best method in
-  2-3 dimensions in the project's benchmark, at every n measured), max(``GRID_CANDIDATES``,
-  ``GRID_PER_CLUSTER`` k) of them, (epsilon, delta)-DP.
+- d <= ``GRID_MAX_DIM`` and delta > 0: maxcover with its default candidates there,
+  ``grid_or_private`` (the best method in 2-3 dimensions in the project's benchmark): a noisy
+  row count chooses a public grid of max(1000, 40 k) points, or the private grid cells when
+  it shows at least ``maxcover.params.PRIVATE_MIN_SIGNAL`` points per cluster at this epsilon;
+  (epsilon, delta)-DP.
 - otherwise, k-means: the private LSH-tree coreset (``dpspark.auto.tree``) solved on the
   driver as the start of a few DP Lloyd steps on the full data, pure epsilon-DP;
 - otherwise, k-median: the same coreset solved by weighted k-median, pure epsilon-DP.
@@ -61,11 +63,6 @@ from dpspark.privacy.randomness import Randomness
 from dpspark.progress import step
 
 GRID_MAX_DIM = 3
-# Grid candidates of the maxcover route: the family's default 1000, but at least 40 per cluster
-# (birch2, k = 100: 4000 candidates give 1.13 against 1.42 with 1000; with few clusters more
-# candidates only spread the coverage picks' exponential mechanism over more choices).
-GRID_CANDIDATES = 1000
-GRID_PER_CLUSTER = 40
 ROOT_SHARE = 0.04
 # (tree, sums) shares of epsilon for k-means; the rest goes to the selection and the Lloyd steps.
 # Measured (numpy reference, 11-31 seeded runs per cell, eps 0.5 and 1) against (0.26, 0.20):
@@ -85,7 +82,7 @@ SELECT_MIN_SIGNAL = 100.0  # ... when n_hat eps / (d k) is at least this (else: 
 OBJECTIVES = ("kmeans", "kmedian")
 
 ROUTES = {
-    "maxcover_grid": "maxcover with grid candidates",
+    "maxcover": "maxcover with its default candidates (a noisy row count chooses the public grid or private grid cells)",
     "tree_lloyd": "private LSH-tree coreset, then DP Lloyd steps",
     "tree_kmedian": "private LSH-tree coreset, solved by weighted k-median",
 }
@@ -94,8 +91,8 @@ ROUTES = {
 def choose(dim: int, objective: str, delta: float) -> tuple[str, str]:
     """(route, why) from public inputs only."""
     if dim <= GRID_MAX_DIM and delta > 0:
-        return "maxcover_grid", (f"d={dim} <= {GRID_MAX_DIM} and delta={delta:g} > 0: a grid of candidates covers the domain "
-                                 "finely, and maxcover on it is the most accurate method measured in few dimensions")
+        return "maxcover", (f"d={dim} <= {GRID_MAX_DIM} and delta={delta:g} > 0: grid candidates cover the domain "
+                            "finely, and maxcover on them is the most accurate method measured in few dimensions")
     why = (f"d={dim} > {GRID_MAX_DIM}: grid cells thin out in many dimensions, random hyperplane cells do not"
            if dim > GRID_MAX_DIM else "delta=0: maxcover needs delta > 0, the tree route is pure epsilon-DP")
     return ("tree_lloyd" if objective == "kmeans" else "tree_kmedian"), why
@@ -190,7 +187,7 @@ class AutoClustering:
     def privacy_plan(self) -> tuple[float, float]:
         """(epsilon, delta) that ``fit`` will spend: public, known before any data is read."""
         route, _ = self._validated()
-        return (float(self.epsilon), float(self.delta)) if route == "maxcover_grid" else (float(self.epsilon), 0.0)
+        return (float(self.epsilon), float(self.delta)) if route == "maxcover" else (float(self.epsilon), 0.0)
 
     # -- fit -----------------------------------------------------------------------
 
@@ -198,7 +195,7 @@ class AutoClustering:
         route, why = self._validated()
         timings = {} if timings is None else timings
         randomness = self.randomness or Randomness(self.seed)
-        if route == "maxcover_grid":
+        if route == "maxcover":
             model = self._maxcover(randomness).fit(df, timings=timings, operational=operational)
             chosen = {"route": route, "method": ROUTES[route], "why": why}
             model.algorithm = self.name
@@ -212,9 +209,7 @@ class AutoClustering:
         from dpspark.maxcover.estimator import MaxCover
 
         return MaxCover(k=self.k, epsilon=self.epsilon, delta=self.delta, domain=self.domain, features=self.features,
-                        objective=self.objective, candidates="grid",
-                        candidate_count=max(GRID_CANDIDATES, GRID_PER_CLUSTER * int(self.k)),
-                        privacy_unit=self.privacy_unit, seed=self.seed,
+                        objective=self.objective, candidates="grid_or_private", privacy_unit=self.privacy_unit, seed=self.seed,
                         randomness=randomness)
 
     def _tree(self, df, route: str, why: str, randomness: Randomness, timings: dict, operational: dict | None) -> ClusteringModel:
@@ -236,7 +231,7 @@ class AutoClustering:
         ``dplloyd.passes.spark_aggregate``; ``costs(solutions, power, cap)`` as ``selection.spark_costs``.
         """
         route, why = self._validated()
-        if route == "maxcover_grid":
+        if route == "maxcover":
             raise ValueError("fit_aggregates runs the tree routes only")
         timings = {} if timings is None else timings
         randomness = randomness or self.randomness or Randomness(self.seed)

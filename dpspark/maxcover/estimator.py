@@ -6,6 +6,8 @@
 
 A run, all distances in the unit space of the domain (Delta = ``domain.unit_diameter``):
 
+0. ``grid_or_private`` (the default in d <= 3) first releases the row count, which
+   chooses between ``grid`` and ``private`` (``choose_by_count``);
 1. candidates V: public (table / grid / random), the DP grid generator (``private``:
    one Spark pass, two from d = 4 on, charged (eps_cand, delta_cand)) or the private
    LSH tree's leaf means (``tree``: one Spark pass, charged (eps_cand, 0));
@@ -19,7 +21,8 @@ A run, all distances in the unit space of the domain (Delta = ``domain.unit_diam
    weighted by max(noisy count, 0).
 
 Passes over the data: r + 1 (+ 1 for private or tree candidates; + 2 for private
-candidates from d = 4 on, see ``passes.cell_aggregates``), for every n and d: a
+candidates from d = 4 on, see ``passes.cell_aggregates``; + 1 for the row count of
+``grid_or_private``, the default in d <= 3), for every n and d: a
 threshold whose histogram has more than ``max_signatures`` distinct signatures
 keeps it on the executors and runs one job per pick over that histogram, never
 over the data again. The pass and job counts, the list of such thresholds, the
@@ -44,13 +47,16 @@ from dpspark import solvers, tables
 from dpspark.maxcover import candidates as cand_mod
 from dpspark.auto.tree import spark_tree_aggregates
 from dpspark.maxcover import core
-from dpspark.maxcover.params import (CANDIDATE_MODES, CHARGED_MODES, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC, SOLVERS, MaxCoverParams,
-                                     budget_split, default_candidates, default_solver)
+from dpspark.maxcover.params import (CANDIDATE_MODES, CHARGED_MODES, CHOICE_SHARE, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC,
+                                     PRIVATE_MIN_SIGNAL, SOLVERS, MaxCoverParams, budget_split, choose_candidates,
+                                     chosen_params,
+                                     default_candidates, default_solver)
 from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
 from dpspark.errors import SchemaError
 from dpspark.model import ClusteringModel
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
+from dpspark.privacy.mechanisms import LaplaceMechanism
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import log, step
 
@@ -92,6 +98,10 @@ class MaxCover:
     @classmethod
     def from_config(cls, config, randomness: Randomness | None = None) -> "MaxCover":
         p: MaxCoverParams = config.algorithm.params
+        if p.candidates == "grid_or_private":  # its split is the chosen mode's default (the config refuses one)
+            from dataclasses import replace
+
+            p = replace(p, eps_candidates=None, eps_coverage=None, eps_counts=None, delta_candidates=0.5)
         return cls(k=config.algorithm.k, epsilon=config.privacy.epsilon, delta=config.privacy.delta,
                    domain=Domain.from_config(config.domain), features=config.input.features,
                    objective=config.algorithm.objective, candidates=p.candidates, candidate_table=p.candidate_table,
@@ -134,6 +144,11 @@ class MaxCover:
         private = mode in CHARGED_MODES
         default = DEFAULT_SPLIT_PRIVATE if private else DEFAULT_SPLIT_PUBLIC
         given = (self.eps_candidates, self.eps_coverage, self.eps_counts)
+        if mode == "grid_or_private":
+            if any(v is not None for v in given) or self.delta_candidates != 0.5:
+                raise ValueError("candidates='grid_or_private' takes the chosen mode's default split: leave eps_candidates, "
+                                 "eps_coverage, eps_counts and delta_candidates unset (or name grid or private)")
+            default = (CHOICE_SHARE, DEFAULT_SPLIT_PUBLIC[1] * (1 - CHOICE_SHARE), DEFAULT_SPLIT_PUBLIC[2] * (1 - CHOICE_SHARE))
         split = tuple(default[i] if v is None else v for i, v in enumerate(given))
         if not private and self.eps_candidates is None:
             split = (0.0, split[1], split[2])
@@ -153,15 +168,21 @@ class MaxCover:
         params = MaxCoverParams(
             candidates=mode, candidate_table=self.candidate_table, candidate_count=int(self.candidate_count),
             candidate_scales=int(self.candidate_scales), coverage_approx=float(self.coverage_approx),
-            eps_candidates=float(split[0]), eps_coverage=float(split[1]), eps_counts=float(split[2]),
+            eps_candidates=0.0 if mode == "grid_or_private" else float(split[0]),
+            eps_coverage=0.0 if mode == "grid_or_private" else float(split[1]),
+            eps_counts=0.0 if mode == "grid_or_private" else float(split[2]),
             delta_candidates=float(self.delta_candidates) if mode == "private" else 0.0,
             n_upper=None if self.n_upper is None else int(self.n_upper), solver=solver,
             max_signatures=int(self.max_signatures),
         )
-        eps_cov, delta_cov = budget_split(self.epsilon, self.delta, params)["coverage"]
-        core.coverage_epsilon(eps_cov, delta_cov)  # validates
-        if eps_cov / (2.0 * (1.0 - math.log(delta_cov))) > 1.0:
-            raise ValueError("the coverage loop's per-pick weight eps_cov / (2 ln(e/delta_cov)) exceeds 1: lower epsilon or eps_coverage")
+        # grid_or_private: both branches must be valid (the grid's per-pick weight is the larger one)
+        branches = [chosen_params(params, "grid", self.k)] if mode == "grid_or_private" else [params]
+        rest = self.epsilon * (1.0 - CHOICE_SHARE) if mode == "grid_or_private" else self.epsilon
+        for branch in branches:
+            eps_cov, delta_cov = budget_split(rest, self.delta, branch)["coverage"]
+            core.coverage_epsilon(eps_cov, delta_cov)  # validates
+            if eps_cov / (2.0 * (1.0 - math.log(delta_cov))) > 1.0:
+                raise ValueError("the coverage loop's per-pick weight eps_cov / (2 ln(e/delta_cov)) exceeds 1: lower epsilon or eps_coverage")
         return params
 
     def privacy_plan(self) -> tuple[float, float]:
@@ -223,10 +244,17 @@ class MaxCover:
                               "candidates must be PUBLIC")
         cand_mod.table_candidates(spark, params.candidate_table, self.features, self.domain)
 
+    def resolve_candidates(self, params: MaxCoverParams, exact_rows, accountant: Accountant) -> tuple[MaxCoverParams, dict, dict]:
+        """(params, budget, choice info) of the run: for ``grid_or_private`` the row count is released first
+        and chooses the mode (``choose_by_count``); ``exact_rows()`` is called only then (a Spark count)."""
+        epsilon, delta = float(self.epsilon), float(self.delta)
+        if params.candidates != "grid_or_private":
+            return params, budget_split(epsilon, delta, params), {}
+        return choose_by_count(exact_rows(), params, epsilon, delta, int(self.k), accountant)
+
     def fit(self, df, timings: dict | None = None, operational: dict | None = None) -> ClusteringModel:
-        params = self._validated_params()
+        configured = self._validated_params()
         epsilon, delta = self.privacy_plan()
-        budget = budget_split(epsilon, delta, params)
         randomness = self.randomness or Randomness(self.seed)
         accountant = Accountant(epsilon, delta, randomness.noise)
         timings = {} if timings is None else timings
@@ -237,6 +265,12 @@ class MaxCover:
         cached = unit_df.persist()
         provider = None
         try:
+            def exact_rows() -> int:
+                with step("maxcover pass: row count (chooses the candidates)", timings):
+                    counter.add("count")
+                    return int(cached.count())
+
+            params, budget, choice = self.resolve_candidates(configured, exact_rows, accountant)
             cand_unit, cand_original, cand_info = self._candidates(
                 df.sparkSession, cached, columns, params, budget, accountant, randomness, counter, timings)
             n_cand = cand_unit.shape[0]
@@ -280,9 +314,38 @@ class MaxCover:
                 "candidates": params.candidates, "candidate_count": int(n_cand), "thresholds": int(ts.size),
                 "picks_per_threshold": int(min(m, n_cand)), "picks": len(picks), "chosen_centers": len(chosen),
                 "private_candidates": cand_info, "budget": {k: list(v) for k, v in budget.items()},
+                **({"candidate_choice": choice} if choice else {}),
                 "randomness": randomness.describe(),
             },
         )
+
+
+CHOICE_LABEL = "maxcover: noisy row count (chooses grid or private candidates)"
+
+
+def choose_by_count(exact_rows: int, params: MaxCoverParams, epsilon: float, delta: float, k: int,
+                    accountant: Accountant) -> tuple[MaxCoverParams, dict, dict]:
+    """``candidates: grid_or_private``: release the row count, let it choose grid or private candidates.
+
+    Privacy: the count of the prepared rows (one per person when ``privacy_unit`` is set) changes by
+    at most 1 when one record is added or removed, so n + DLap(1 / eps_choice) is pure eps_choice-DP
+    with eps_choice = CHOICE_SHARE * epsilon, charged here. The mode (``params.choose_candidates``
+    on n_hat, epsilon, k), the chosen mode's parameters and the split of the rest,
+    (epsilon - eps_choice, delta), are post-processing of that release and public inputs; the run
+    then spends exactly the rest as that mode does, so its total is (epsilon, delta) either way,
+    as ``privacy_plan`` states before any data is read (basic composition).
+
+    Returns (chosen params, budget with a "choice" entry, info with the released count and the mode).
+    """
+    eps_choice = CHOICE_SHARE * float(epsilon)
+    mech = LaplaceMechanism(epsilon=eps_choice, sensitivity=1.0)
+    noisy_rows = float(accountant.laplace(CHOICE_LABEL, np.array([int(exact_rows)], dtype=np.int64), mech)[0])
+    mode = choose_candidates(noisy_rows, epsilon, k)
+    chosen = chosen_params(params, mode, k)
+    budget = {"choice": (eps_choice, 0.0), **budget_split(float(epsilon) - eps_choice, float(delta), chosen)}
+    why = (f"noisy rows {noisy_rows:.0f} x epsilon {epsilon:g} / k {k} "
+           f"{'>=' if mode == 'private' else '<'} {PRIVATE_MIN_SIGNAL:g}")
+    return chosen, budget, {"noisy_rows": noisy_rows, "chosen": mode, "why": why}
 
 
 def _bytes(text: str) -> int:

@@ -4,12 +4,14 @@
 key                    meaning                                                    default
 =====================  =========================================================  =================
 ``candidates``         ``table`` | ``grid`` | ``random`` | ``private`` |          d <= 3:
-                       ``tree``                                                   ``private``,
+                       ``tree`` | ``grid_or_private`` (a noisy row count          ``grid_or_``
+                       chooses: see ``choose_candidates``)                        ``private``,
                                                                                   else ``tree``
 ``candidate_table``    path of a PUBLIC Delta table of candidate points (its      (required for
                        feature columns have the names of ``input.features``)      ``table``)
 ``candidate_count``    grid / random: about this many candidates; private and     1000
-                       tree: at most this many (highest noisy counts kept)
+                       tree: at most this many (highest noisy counts kept);
+                       grid_or_private: its grid has max(this, 40 k) points
 ``candidate_scales``   private: number of grid scales (side 1, 1/2, 1/4, ... in   5
                        the unit space [-1, 1]^d)
 ``coverage_approx``    a of the thresholds t_i = (1+a)^(i-1) Delta^p / N, (0, 1)  0.5
@@ -35,6 +37,9 @@ key                    meaning                                                  
 
 ``tree`` (private LSH-tree leaves, pure epsilon) takes the candidates' share of epsilon
 and no delta: the coverage loop gets all of delta, as with public candidates.
+``grid_or_private`` spends ``CHOICE_SHARE`` of epsilon on a noisy row count, then runs as
+``grid`` or ``private`` with that mode's default split of the rest (its split and
+delta_candidates are not configurable: name the mode to set them).
 Default epsilon split: private and tree candidates 0.4 / coverage 0.3 / counts 0.3 (measured,
 private:
 bench/results/maxcover/tuning.md: better than the earlier 0.2 / 0.4 / 0.4 in 9 of 12
@@ -55,8 +60,8 @@ from collections.abc import Mapping
 
 from dpspark.errors import ConfigError
 
-CANDIDATE_MODES = ("table", "grid", "random", "private", "tree")
-CHARGED_MODES = ("private", "tree")  # candidate generators that read the data (charged)
+CANDIDATE_MODES = ("table", "grid", "random", "private", "tree", "grid_or_private")
+CHARGED_MODES = ("private", "tree", "grid_or_private")  # candidate sources that read the data (charged)
 PUBLIC_MODES = ("table", "grid", "random")
 SOLVERS = {"kmeans": ("weighted_kmeans",), "kmedian": ("local_search", "weiszfeld")}
 KEYS = (
@@ -92,18 +97,54 @@ class MaxCoverParams:
 
 
 TREE_DEFAULT_MIN_DIM = 4
+# grid_or_private: the noisy row count's share of epsilon, the signal n_hat eps / k from which the
+# private grid cells replace the public grid, and the public grid's size per cluster.
+CHOICE_SHARE = 0.02
+PRIVATE_MIN_SIGNAL = 5000.0
+GRID_PER_CLUSTER = 40
 
 
 def default_candidates(dim: int) -> str:
-    """The default candidate source, from d only (public): ``private`` (grid cells) for d <= 3, ``tree`` above.
+    """The default candidate source, from d only (public): ``grid_or_private`` for d <= 3, ``tree`` above.
 
-    Measured (scripts/bench_utility.py, numpy engine, epsilon 1, median of 5 seeded runs, k-means cost
-    / non-private): tree beats private on every shared table with d >= 4 (blood 3.5 vs 13.2, tripadvisor
-    2.1 vs 7.6, adult 1.108 vs 1.116, electrical 1.06 vs 1.69, credit 1.36 vs 2.79, google reviews 1.36
-    vs 2.74) and loses in 2 dimensions (s1 6.1 vs 4.1): grid cells are fine there, random hyperplane
-    cells coarse.
+    Measured (scripts/bench_utility.py, Spark estimators, epsilon 1, median of 5 runs, k-means cost /
+    non-private): in 2-3 dimensions the public grid beats the private grid cells on the small shared
+    tables (s1 1.03 vs 3.86, a3 1.10 vs 5.62, unbalance 1.24 vs 55, skin 1.002 vs 1.007) and the private
+    cells win with many points per cluster (birch2, 1000 per cluster: 1.10 vs 1.14 with 4000 grid points;
+    10^6 points, k = 15: 1.002 vs 1.052 of the true means, bench/results/maxcover/speed.md), hence
+    ``grid_or_private`` (``choose_candidates``). From d = 4 tree beats private on every shared table
+    (numpy engine, seeded: blood 3.5 vs 13.2, tripadvisor 2.1 vs 7.6, adult 1.108 vs 1.116, electrical
+    1.06 vs 1.69, credit 1.36 vs 2.79, google reviews 1.36 vs 2.74); a grid there has too few points per
+    axis.
     """
-    return "tree" if dim >= TREE_DEFAULT_MIN_DIM else "private"
+    return "tree" if dim >= TREE_DEFAULT_MIN_DIM else "grid_or_private"
+
+
+def choose_candidates(noisy_n: float, epsilon: float, k: int) -> str:
+    """``grid_or_private``: ``private`` when the released row count gives at least PRIVATE_MIN_SIGNAL
+    points per cluster at this epsilon (n_hat eps / k), else ``grid``. Post-processing of the released
+    n_hat and public inputs (epsilon, k): no charge of its own.
+
+    The threshold sits well above the small tables' signal (unbalance 812 at epsilon 1, 1625 at 2, where
+    private cells stay 10-50x worse: small clusters fail their stability threshold) and below the
+    signal of the tables where private cells measured better (10^6 points, k = 15: 66,667).
+    """
+    return "private" if max(float(noisy_n), 0.0) * float(epsilon) / int(k) >= PRIVATE_MIN_SIGNAL else "grid"
+
+
+def chosen_params(params: "MaxCoverParams", mode: str, k: int) -> "MaxCoverParams":
+    """The parameters of ``grid_or_private`` once the count chose ``mode`` (grid or private): that mode's
+    default split, the grid at max(candidate_count, GRID_PER_CLUSTER k) points. Public inputs only."""
+    from dataclasses import replace
+
+    if params.candidates != "grid_or_private" or mode not in ("grid", "private"):
+        raise ValueError(f"chosen_params: candidates={params.candidates!r}, mode={mode!r}")
+    if mode == "grid":
+        return replace(params, candidates="grid", candidate_count=max(params.candidate_count, GRID_PER_CLUSTER * int(k)),
+                       eps_candidates=0.0, eps_coverage=DEFAULT_SPLIT_PUBLIC[1], eps_counts=DEFAULT_SPLIT_PUBLIC[2],
+                       delta_candidates=0.0)
+    return replace(params, candidates="private", eps_candidates=DEFAULT_SPLIT_PRIVATE[0],
+                   eps_coverage=DEFAULT_SPLIT_PRIVATE[1], eps_counts=DEFAULT_SPLIT_PRIVATE[2], delta_candidates=0.5)
 
 
 def default_solver(objective: str, candidates: str) -> str:
@@ -119,6 +160,8 @@ def budget_split(epsilon: float, delta: float, params: MaxCoverParams) -> dict:
     The candidate step is (0, 0) for public candidates. The coverage part is computed
     as the remainder, so the sum is exact up to one rounding.
     """
+    if params.candidates == "grid_or_private":
+        raise ValueError("budget_split: grid_or_private is split once its row count chose (chosen_params)")
     eps_cnt = epsilon * params.eps_counts
     if params.private_candidates:
         eps_cand = epsilon * params.eps_candidates
@@ -198,26 +241,35 @@ def validate_params(section, *, objective: str, k: int, dim: int, privacy) -> Ma
     if candidates != "table" and table is not None:
         raise ConfigError("algorithm.candidate_table", f"is only used with algorithm.candidates=table, not {candidates!r}")
     count = section.integer("candidate_count", 1000, low=1, high=10_000_000)
-    if candidates in ("grid", "random", "private", "tree") and count < k:
+    if candidates in ("grid", "random", "private", "tree", "grid_or_private") and count < k:
         raise ConfigError("algorithm.candidate_count", f"must be >= k={k}, got {count}")
-    if candidates == "grid":
-        q = max(2, int(math.floor(count ** (1.0 / dim) + 1e-9)))
+    if candidates in ("grid", "grid_or_private"):
+        points = count if candidates == "grid" else max(count, GRID_PER_CLUSTER * k)
+        q = max(2, int(math.floor(points ** (1.0 / dim) + 1e-9)))
         if q**dim > MAX_GRID_POINTS:
             raise ConfigError("algorithm.candidates", f"a grid in dimension {dim} has at least 2^{dim} = {q**dim} points (over {MAX_GRID_POINTS}); use random or private")
     scales = section.integer("candidate_scales", 5, low=1, high=20)
-    if candidates != "private" and section.has("candidate_scales"):
-        raise ConfigError("algorithm.candidate_scales", "is only used with algorithm.candidates=private")
+    if candidates not in ("private", "grid_or_private") and section.has("candidate_scales"):
+        raise ConfigError("algorithm.candidate_scales", "is only used with algorithm.candidates=private (or grid_or_private)")
     a = section.number("coverage_approx", 0.5, low=0.0, high=1.0, low_open=True, high_open=True)
+    if candidates == "grid_or_private":
+        for key in ("eps_split", "eps_candidates", "eps_coverage", "eps_counts", "delta_candidates"):
+            if section.has(key):
+                raise ConfigError(f"algorithm.{key}", "is not used with algorithm.candidates=grid_or_private (a noisy row "
+                                  "count picks grid or private with that mode's default split): set candidates: grid or private "
+                                  "to choose the split")
     private = candidates in CHARGED_MODES
-    eps_cand, eps_cov, eps_cnt = _split_from_config(section, private)
+    eps_cand, eps_cov, eps_cnt = (0.0, 0.0, 0.0) if candidates == "grid_or_private" else _split_from_config(section, private)
     delta_cand = section.number("delta_candidates", 0.5, low=0.0, high=1.0, low_open=True, high_open=True)
-    if candidates != "private" and section.has("delta_candidates"):
+    if candidates not in ("private", "grid_or_private") and section.has("delta_candidates"):
         raise ConfigError("algorithm.delta_candidates", "is only used with algorithm.candidates=private "
                           f"(candidates={candidates} spends no delta)")
     if candidates != "private":
         delta_cand = 0.0
-    delta_cov = privacy.delta * (1.0 - delta_cand)
-    eps_prime = privacy.epsilon * eps_cov / (2.0 * (1.0 - math.log(delta_cov)))
+    if candidates == "grid_or_private":  # the grid branch has the larger per-pick weight
+        eps_prime = privacy.epsilon * (1.0 - CHOICE_SHARE) * DEFAULT_SPLIT_PUBLIC[1] / (2.0 * (1.0 - math.log(privacy.delta)))
+    else:
+        eps_prime = privacy.epsilon * eps_cov / (2.0 * (1.0 - math.log(privacy.delta * (1.0 - delta_cand))))
     if eps_prime > 1.0:
         raise ConfigError(
             "algorithm.eps_coverage",
