@@ -145,6 +145,8 @@ _FAMILY_OPTIONS = (
                           "(never the data's n). Unset: the number of candidates."),
     ("solver", _T.toString, "post-processing solver: kmeans weighted_kmeans; kmedian local_search | weiszfeld."),
     ("max_signatures", _T.toInt, "driver bound on one threshold's signature histogram."),
+    ("lloyd_share", _T.toFloat, "k-means: fraction of epsilon for one DP Lloyd step after the solve "
+                                "(default 0.5 with tree candidates, else 0)."),
     # dplloyd
     ("variant", _T.toString, "average_k | allocation_k | average_nk | allocation_nk."),
     ("iterations", _T.toInt, "number of noisy Lloyd iterations."),

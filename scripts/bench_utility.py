@@ -240,8 +240,12 @@ def fit_numpy(est, x_original: np.ndarray):
         picks = core.run_coverage(provider, cand.shape[0], ts, m, acc, *budget["coverage"])
         chosen = cand[core.chosen_candidate_ids(picks)]
         noisy = core.noisy_weights(core.snap_counts(unit, chosen, 2), acc, budget["counts"][0])
-        centers, _ = est._solve(params, chosen, np.maximum(noisy, 0).astype(np.float64), cand, None,
-                                randomness.public_rng("maxcover.solver"))
+        from dpspark.dplloyd.core import numpy_aggregate
+        from dpspark.maxcover.passes import PassCounter
+
+        centers, _ = est.solve_and_polish(params, budget, chosen, np.maximum(noisy, 0).astype(np.float64), cand, None,
+                                          randomness.public_rng("maxcover.solver"), numpy_aggregate(unit), acc,
+                                          PassCounter(), {})
         acc.finish()
         return centers, acc.spent_epsilon, acc.spent_delta, {"candidates": int(cand.shape[0]), "chosen": int(chosen.shape[0]),
                                                              "mode": params.candidates}

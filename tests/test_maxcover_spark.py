@@ -401,7 +401,10 @@ def test_config_validation(tmp_path):
     assert (params.eps_candidates, params.eps_coverage, params.eps_counts) == (0.1, 0.6, 0.3)
     params = load_config(cfg, ["algorithm.candidates=tree"]).algorithm.params  # charged epsilon, no delta
     assert (params.eps_candidates, params.eps_coverage, params.eps_counts, params.delta_candidates) == (0.4, 0.3, 0.3, 0.0)
-    assert budget_split(2.0, 1e-6, params) == {"candidates": (0.8, 0.0), "coverage": (2.0 - 0.8 - 0.6, 1e-6), "counts": (0.6, 0.0)}
+    # k-means on tree candidates: the last Lloyd step takes 0.5 of epsilon, the split divides the rest
+    assert params.lloyd_share == 0.5
+    assert budget_split(2.0, 1e-6, params) == {"candidates": (0.4, 0.0), "coverage": (1.0 - 0.4 - 0.3, 1e-6), "counts": (0.3, 0.0),
+                                               "lloyd": (1.0, 0.0)}
     with pytest.raises(ConfigError, match="candidates=tree spends no delta") as err:
         load_config(cfg, ["algorithm.candidates=tree", "algorithm.delta_candidates=0.3"])
     assert err.value.key == "algorithm.delta_candidates"

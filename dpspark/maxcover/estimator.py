@@ -18,7 +18,9 @@ A run, all distances in the unit space of the domain (Delta = ``domain.unit_diam
 3. one Spark pass snapping every point to its nearest chosen candidate; the
    counts are released with discrete Laplace(1/eps_cnt), charged (eps_cnt, 0);
 4. post-processing: the driver solver (``solver``) on the chosen candidates
-   weighted by max(noisy count, 0).
+   weighted by max(noisy count, 0);
+5. with a ``lloyd_share`` (k-means; 0.5 with tree candidates), one more Spark
+   pass: a DP Lloyd step from the solved centers (``polish``), charged (eps_lloyd, 0).
 
 Passes over the data: r + 1 (+ 1 for private or tree candidates; + 2 for private
 candidates from d = 4 on, see ``passes.cell_aggregates``; + 1 for the row count of
@@ -31,7 +33,8 @@ not DP outputs: they go to the caller's ``operational`` dict (NON-PRIVATE
 operational metadata), never onto the model, which holds released and public
 values only.
 
-Budget: epsilon = eps_cand + eps_cov + eps_cnt (fractions from the config), delta =
+Budget: epsilon = [eps_choice +] eps_cand + eps_cov + eps_cnt [+ eps_lloyd] (fractions from the
+config; the split divides what the row count and the Lloyd step leave), delta =
 delta_cand + delta_cov (private candidates: ``delta_candidates`` of delta, default
 half; tree and public candidates: all of delta to the coverage loop).
 """
@@ -45,12 +48,15 @@ import numpy as np
 
 from dpspark import solvers, tables
 from dpspark.maxcover import candidates as cand_mod
+from dpspark.auto.estimator import lloyd_min_count, lloyd_move
 from dpspark.auto.tree import spark_tree_aggregates
+from dpspark.dplloyd.core import noisy_update
+from dpspark.dplloyd.passes import spark_aggregate
 from dpspark.maxcover import core
 from dpspark.maxcover.params import (CANDIDATE_MODES, CHARGED_MODES, CHOICE_SHARE, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC,
                                      PRIVATE_MIN_SIGNAL, SOLVERS, MaxCoverParams, budget_split, choose_candidates,
-                                     chosen_params,
-                                     default_candidates, default_solver)
+                                     chosen_params, default_candidates, default_lloyd_share, default_solver,
+                                     MAX_LLOYD_SHARE)
 from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
 from dpspark.errors import SchemaError
 from dpspark.model import ClusteringModel
@@ -71,8 +77,8 @@ class MaxCover:
                  candidate_count: int = 1000, candidate_scales: int = 5, coverage_approx: float = 0.5,
                  eps_candidates: float | None = None, eps_coverage: float | None = None, eps_counts: float | None = None,
                  delta_candidates: float = 0.5, n_upper: int | None = None, solver: str | None = None,
-                 max_signatures: int = 2_000_000, privacy_unit: str | None = None, seed: int | None = None,
-                 randomness: Randomness | None = None):
+                 max_signatures: int = 2_000_000, lloyd_share: float | None = None, privacy_unit: str | None = None,
+                 seed: int | None = None, randomness: Randomness | None = None):
         self.k = k
         self.epsilon = epsilon
         self.delta = delta
@@ -91,6 +97,7 @@ class MaxCover:
         self.n_upper = n_upper
         self.solver = solver
         self.max_signatures = max_signatures
+        self.lloyd_share = lloyd_share
         self.privacy_unit = privacy_unit
         self.seed = seed
         self.randomness = randomness
@@ -108,7 +115,8 @@ class MaxCover:
                    candidate_count=p.candidate_count, candidate_scales=p.candidate_scales,
                    coverage_approx=p.coverage_approx, eps_candidates=p.eps_candidates, eps_coverage=p.eps_coverage,
                    eps_counts=p.eps_counts, delta_candidates=p.delta_candidates, n_upper=p.n_upper, solver=p.solver,
-                   max_signatures=p.max_signatures, privacy_unit=config.input.privacy_unit, seed=config.seed,
+                   max_signatures=p.max_signatures, lloyd_share=p.lloyd_share, privacy_unit=config.input.privacy_unit,
+                   seed=config.seed,
                    randomness=randomness)
 
     # -- validation (one place) ------------------------------------------------
@@ -165,6 +173,11 @@ class MaxCover:
             raise ValueError(f"solver={solver!r} should be one of {list(SOLVERS[self.objective])} for objective {self.objective!r}")
         if len(self.features) not in (1, self.domain.dim):
             raise ValueError(f"features={list(self.features)} should name {self.domain.dim} columns or one array column")
+        lloyd_share = default_lloyd_share(self.objective, mode) if self.lloyd_share is None else self.lloyd_share
+        if not is_frac(lloyd_share) or lloyd_share > MAX_LLOYD_SHARE:
+            raise ValueError(f"lloyd_share={lloyd_share!r} should be a fraction in [0, {MAX_LLOYD_SHARE}]")
+        if self.objective != "kmeans" and lloyd_share > 0:
+            raise ValueError(f"lloyd_share={lloyd_share!r}: a Lloyd step is k-means only, not objective {self.objective!r}")
         params = MaxCoverParams(
             candidates=mode, candidate_table=self.candidate_table, candidate_count=int(self.candidate_count),
             candidate_scales=int(self.candidate_scales), coverage_approx=float(self.coverage_approx),
@@ -173,7 +186,7 @@ class MaxCover:
             eps_counts=0.0 if mode == "grid_or_private" else float(split[2]),
             delta_candidates=float(self.delta_candidates) if mode == "private" else 0.0,
             n_upper=None if self.n_upper is None else int(self.n_upper), solver=solver,
-            max_signatures=int(self.max_signatures),
+            max_signatures=int(self.max_signatures), lloyd_share=float(lloyd_share),
         )
         # grid_or_private: both branches must be valid (the grid's per-pick weight is the larger one)
         branches = [chosen_params(params, "grid", self.k)] if mode == "grid_or_private" else [params]
@@ -229,6 +242,39 @@ class MaxCover:
         index = {row.tobytes(): i for i, row in reversed(list(enumerate(np.ascontiguousarray(cand_unit))))}
         rows = [index[np.ascontiguousarray(c, dtype=np.float64).tobytes()] for c in centers]
         return cand_original[rows].copy(), w
+
+    def solve_and_polish(self, params, budget, chosen_unit, weights, cand_unit, cand_original, rng, lloyd_aggregate,
+                         accountant: Accountant, counter: PassCounter, timings: dict):
+        """The weighted instance solved on the driver (post-processing), then, with a ``lloyd`` share
+        (k-means), one DP Lloyd step on the data (``polish``). Returns (centers in original units, weights)."""
+        eps_lloyd = budget.get("lloyd", (0.0, 0.0))[0]
+        with step("maxcover: solve the weighted instance (post-processing)", timings):
+            if not (eps_lloyd > 0):
+                return self._solve(params, chosen_unit, weights, cand_unit, cand_original, rng)
+            centers, center_weights = solvers.weighted_kmeans(chosen_unit, weights, self.k, rng)
+        centers, center_weights = self.polish(self.domain.clip_unit(centers), lloyd_aggregate, eps_lloyd, accountant,
+                                              counter, timings)
+        return self.domain.from_unit(centers), center_weights
+
+    def polish(self, centers_unit: np.ndarray, aggregate, eps_lloyd: float, accountant: Accountant,
+               counter: PassCounter, timings: dict):
+        """One DP Lloyd step from the solved centers: (new unit-space centers, their noisy counts clipped at 0).
+
+        Privacy: the centers going in are post-processing of releases (coverage picks, noisy counts).
+        One Spark pass (``aggregate``, as ``dplloyd.passes.spark_aggregate``) gives each center's exact
+        count and fixed-point coordinate sum of the points nearest to it; one record lies in exactly one
+        cluster, so the count vector has L1 sensitivity 1 and the sum vector L1 sensitivity d (unit
+        space): ``dplloyd.core.noisy_update`` releases both with discrete Laplace under Su et al.'s split,
+        charged exactly eps_lloyd. The move (``auto.estimator.lloyd_move``: noisy mean, clipped into the
+        domain, only where the noisy count clears the public ``lloyd_min_count``) is post-processing. The
+        same step as auto's and dplloyd's, with the same tests of its noise.
+        """
+        with step("maxcover pass: DP Lloyd step on the solved centers", timings):
+            exact_counts, exact_sums = aggregate(centers_unit)
+        counter.add("lloyd")
+        noisy_counts, noisy_sums = noisy_update(exact_counts, exact_sums, eps_lloyd, "su", accountant, LLOYD_LABEL)
+        return lloyd_move(centers_unit, noisy_counts, noisy_sums, lloyd_min_count(eps_lloyd, self.domain.dim, "su"),
+                          self.domain)
 
     def preflight(self, spark, input_key: str | None = None) -> None:
         """Before any charge: the public candidate table exists, is readable, and is not the input itself."""
@@ -286,15 +332,14 @@ class MaxCover:
             chosen_unit = cand_unit[chosen]
             provider.close()
             exact = snap_counts(cached, columns, chosen_unit, counter, timings)
+            noisy = core.noisy_weights(exact, accountant, budget["counts"][0])
+            centers, center_weights = self.solve_and_polish(
+                params, budget, chosen_unit, np.maximum(noisy, 0).astype(np.float64), cand_unit, cand_original,
+                randomness.public_rng("maxcover.solver"), spark_aggregate(cached, columns), accountant, counter, timings)
         finally:
             if provider is not None:
                 provider.close()
             cached.unpersist()
-        noisy = core.noisy_weights(exact, accountant, budget["counts"][0])
-        with step("maxcover: solve the weighted instance (post-processing)", timings):
-            weights = np.maximum(noisy, 0).astype(np.float64)
-            centers, center_weights = self._solve(params, chosen_unit, weights, cand_unit, cand_original,
-                                                  randomness.public_rng("maxcover.solver"))
         accountant.finish()
         if operational is not None:  # NON-PRIVATE: depends on the data
             operational.update({
@@ -321,6 +366,7 @@ class MaxCover:
 
 
 CHOICE_LABEL = "maxcover: noisy row count (chooses grid or private candidates)"
+LLOYD_LABEL = "maxcover: DP Lloyd step on the solved centers"
 
 
 def choose_by_count(exact_rows: int, params: MaxCoverParams, epsilon: float, delta: float, k: int,
