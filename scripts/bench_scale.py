@@ -194,14 +194,16 @@ def utility_sample(df, domain, n: int) -> np.ndarray:
 
 
 def maxcover_extras(operational: dict) -> dict:
-    """r + 1 (+ 1 private candidates, + 1 more hash-first) as the pass limit, the fallback thresholds, the largest histogram."""
+    """r + 1 (+ the candidates' passes, the row count, the Lloyd step) as the pass limit, the fallback thresholds, the largest histogram."""
     by_kind = operational.get("passes_by_kind") or {}
     r = by_kind.get("signature histogram")
     sizes = [int(s) for s in operational.get("histogram_sizes") or [] if s is not None and int(s) >= 0]
     fallbacks = operational.get("fallback_thresholds") or []
-    # the candidates' passes as counted: private cells (one, or two from passes.HASH_FIRST_MIN_DIM dimensions
-    # on: hashed counts first), tree (one), grid_or_private's row count (one); none for a public grid
-    cand_passes = sum(int(by_kind.get(kind, 0)) for kind in ("candidate cells", "candidate cell hashes", "tree", "count"))
+    # the passes besides the thresholds' and the snap, as counted: private cells (one, or two from
+    # passes.HASH_FIRST_MIN_DIM dimensions on: hashed counts first), tree (one), grid_or_private's row count
+    # (one), the last DP Lloyd step (one, lloyd_share); none for a public grid
+    cand_passes = sum(int(by_kind.get(kind, 0)) for kind in ("candidate cells", "candidate cell hashes", "tree", "count",
+                                                             "lloyd"))
     return {"passes_limit": "" if r is None else int(r) + 1 + cand_passes,
             "fallback_thresholds": " ".join(str(v) for v in fallbacks),
             "max_histogram": max(sizes) if sizes else "",

@@ -89,6 +89,7 @@ DELTA = 1e-6
 DPLLOYD_VARIANTS = ["allocation_nk", "average_nk", "average_k", "allocation_k"]
 # The explicit dpspark methods (the "best explicit" of the targets table is the lowest median among these).
 MAXCOVER = "maxcover"  # the family with its default candidates for d
+LLOYD_SHARE_ENV = "DPSPARK_BENCH_MAXCOVER_LLOYD_SHARE"
 EXPLICIT_METHODS = [MAXCOVER, "maxcover_grid", "maxcover_private", "maxcover_tree"] + [f"dplloyd_{v}" for v in DPLLOYD_VARIANTS]
 AUTO = "auto"
 DP_METHODS = EXPLICIT_METHODS + ["ldp", AUTO]
@@ -164,8 +165,10 @@ def make_estimator(method: str, ds: dict, eps: float, seed: int | None):
     from dpspark.maxcover.estimator import MaxCover
 
     if method == MAXCOVER or method.startswith("maxcover_"):
+        share = os.environ.get(LLOYD_SHARE_ENV)  # --maxcover-lloyd-share (set before the workers start)
         return MaxCover(k=k, epsilon=eps, delta=DELTA, domain=dom, features=feats, objective="kmeans",
-                        candidates=method.split("_", 1)[1] if "_" in method else None, seed=seed)
+                        candidates=method.split("_", 1)[1] if "_" in method else None, seed=seed,
+                        lloyd_share=None if share is None else float(share))
     if method.startswith("dplloyd_"):
         return DPLloyd(k=k, epsilon=eps, domain=dom, features=feats, variant=method.split("_", 1)[1], seed=seed)
     if method == "ldp":
@@ -1050,8 +1053,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seeded", action="store_true", help="reproducible, NOT private noise (testing aid)")
     ap.add_argument("--k", nargs="*", type=int, default=None, help="a k sweep: each dataset once per k given (its table "
                     "name then ends in @k<K>, e.g. adult@k16), instead of once with its own k")
+    ap.add_argument("--maxcover-lloyd-share", type=float, default=None, help="every maxcover method's lloyd_share "
+                    "(its last DP Lloyd step's share of epsilon; default: the family's, 0.5 with tree candidates, else 0); "
+                    "a tuning aid: use one --out per value, the method names do not say it")
     args = ap.parse_args(argv)
     command = bh.command_line("bench_utility.py", argv)
+    if args.maxcover_lloyd_share is not None:
+        os.environ[LLOYD_SHARE_ENV] = repr(args.maxcover_lloyd_share)
     if args.quick:
         args.datasets = args.datasets or QUICK_DATASETS
         args.epsilons = args.epsilons or [0.5, 2.0]
