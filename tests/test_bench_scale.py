@@ -113,18 +113,25 @@ def test_parse_steps_reads_the_top_level_steps_only():
 
 
 def test_maxcover_extras_limit_and_fallbacks():
-    op = {"spark_passes": 14, "passes_by_kind": {"private candidates": 1, "signature histogram": 12, "snap": 1},
+    # the limit is r + 1 plus the passes counted besides the thresholds' and the snap: private cells,
+    # their hashes (d >= 4), the tree, grid_or_private's row count, the last Lloyd step
+    op = {"spark_passes": 14, "passes_by_kind": {"candidate cells": 1, "signature histogram": 12, "snap": 1},
           "fallback_thresholds": [], "histogram_sizes": [3, 40, 900]}
-    assert bs.maxcover_extras(op, private_candidates=True) == {"passes_limit": 14, "fallback_thresholds": "",
-                                                                "max_histogram": 900, "histogram_jobs": ""}
-    assert bs.maxcover_extras(op, private_candidates=False)["passes_limit"] == 13
+    assert bs.maxcover_extras(op) == {"passes_limit": 14, "fallback_thresholds": "", "max_histogram": 900, "histogram_jobs": ""}
+    op["passes_by_kind"] = {"signature histogram": 12, "snap": 1}  # a public grid
+    assert bs.maxcover_extras(op)["passes_limit"] == 13
+    op["passes_by_kind"] = {"count": 1, "candidate cell hashes": 1, "candidate cells": 1, "signature histogram": 12,
+                            "snap": 1, "lloyd": 1}
+    assert bs.maxcover_extras(op)["passes_limit"] == 17
+    op["passes_by_kind"] = {"tree": 1, "signature histogram": 12, "snap": 1, "lloyd": 1}
+    assert bs.maxcover_extras(op)["passes_limit"] == 15
     op = {"passes_by_kind": {"signature histogram": 12, "pick scores (fallback)": 4}, "fallback_thresholds": [7, 9],
           "histogram_sizes": [5, -1, -1], "histogram_jobs": 12}
-    extras = bs.maxcover_extras(op, True)
-    assert extras == {"passes_limit": 14, "fallback_thresholds": "7 9", "max_histogram": 5, "histogram_jobs": 12}
+    extras = bs.maxcover_extras(op)
+    assert extras == {"passes_limit": 13, "fallback_thresholds": "7 9", "max_histogram": 5, "histogram_jobs": 12}
     assert bs._fallback_cell(extras) == "7 9 (12 histogram jobs)"
-    assert bs.maxcover_extras({}, True) == {"passes_limit": "", "fallback_thresholds": "", "max_histogram": "",
-                                            "histogram_jobs": ""}
+    assert bs.maxcover_extras({}) == {"passes_limit": "", "fallback_thresholds": "", "max_histogram": "",
+                                      "histogram_jobs": ""}
     assert bs._passes_cell({"spark_passes": 77, "passes_limit": 14}) == "77 / 14 OVER"
     assert bs._passes_cell({"spark_passes": 14, "passes_limit": 14}) == "14 / 14"
 
