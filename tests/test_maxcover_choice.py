@@ -122,3 +122,17 @@ def test_the_estimator_refuses_a_split_for_grid_or_private():
         estimator(candidates="grid_or_private", delta_candidates=0.2)._validated_params()
     assert estimator(eps_coverage=0.5, eps_counts=0.5, candidates="grid")._validated_params().eps_coverage == 0.5
     assert np.isfinite(estimator().privacy_plan()[0])
+
+
+def test_a_grid_branch_too_large_to_build_is_refused_before_the_count():
+    """The grid branch is built only after the count is charged: an impossible grid must be refused first."""
+    wide = Domain(dim=30, lower=(0.0,) * 30, upper=(1.0,) * 30)
+    est = MaxCover(k=2, epsilon=1.0, delta=DELTA, domain=wide, features=("v",), candidates="grid_or_private")
+    with pytest.raises(ValueError, match="grid_or_private"):
+        est._validated_params()
+    raw = raw_config(candidates="grid_or_private")
+    raw["input"]["features"] = [f"f{j}" for j in range(30)]
+    raw["domain"] = {"lower": [0] * 30, "upper": [1] * 30}
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert err.value.key == "algorithm.candidates"

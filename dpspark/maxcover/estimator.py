@@ -42,7 +42,7 @@ half; tree and public candidates: all of delta to the coverage loop).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -54,7 +54,7 @@ from dpspark.dplloyd.core import noisy_update
 from dpspark.dplloyd.passes import spark_aggregate
 from dpspark.maxcover import core
 from dpspark.maxcover.params import (CANDIDATE_MODES, CHARGED_MODES, CHOICE_SHARE, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC,
-                                     PRIVATE_MIN_SIGNAL, SOLVERS, MaxCoverParams, budget_split, choose_candidates,
+                                     GRID_PER_CLUSTER, MAX_GRID_POINTS, PRIVATE_MIN_SIGNAL, SOLVERS, MaxCoverParams, budget_split, choose_candidates,
                                      chosen_params, default_candidates, default_lloyd_share, default_solver,
                                      MAX_LLOYD_SHARE)
 from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
@@ -106,8 +106,6 @@ class MaxCover:
     def from_config(cls, config, randomness: Randomness | None = None) -> "MaxCover":
         p: MaxCoverParams = config.algorithm.params
         if p.candidates == "grid_or_private":  # its split is the chosen mode's default (the config refuses one)
-            from dataclasses import replace
-
             p = replace(p, eps_candidates=None, eps_coverage=None, eps_counts=None, delta_candidates=0.5)
         return cls(k=config.algorithm.k, epsilon=config.privacy.epsilon, delta=config.privacy.delta,
                    domain=Domain.from_config(config.domain), features=config.input.features,
@@ -152,20 +150,26 @@ class MaxCover:
         private = mode in CHARGED_MODES
         default = DEFAULT_SPLIT_PRIVATE if private else DEFAULT_SPLIT_PUBLIC
         given = (self.eps_candidates, self.eps_coverage, self.eps_counts)
-        if mode == "grid_or_private":
+        if mode == "grid_or_private":  # the chosen mode's default split (chosen_params); none is configurable
             if any(v is not None for v in given) or self.delta_candidates != 0.5:
                 raise ValueError("candidates='grid_or_private' takes the chosen mode's default split: leave eps_candidates, "
                                  "eps_coverage, eps_counts and delta_candidates unset (or name grid or private)")
-            default = (CHOICE_SHARE, DEFAULT_SPLIT_PUBLIC[1] * (1 - CHOICE_SHARE), DEFAULT_SPLIT_PUBLIC[2] * (1 - CHOICE_SHARE))
-        split = tuple(default[i] if v is None else v for i, v in enumerate(given))
-        if not private and self.eps_candidates is None:
-            split = (0.0, split[1], split[2])
-        if not all(is_frac(v) for v in split) or abs(math.fsum(split) - 1.0) > 1e-9:
-            raise ValueError(f"eps_candidates/eps_coverage/eps_counts={split} should be fractions in [0, 1] summing to 1")
-        if not private and split[0] != 0.0:
-            raise ValueError("public candidates spend no budget: eps_candidates should be 0")
-        if (private and split[0] <= 0) or split[1] <= 0 or split[2] <= 0:
-            raise ValueError(f"every step needs a positive share of epsilon, got {split}")
+            points = max(int(self.candidate_count), GRID_PER_CLUSTER * int(self.k))
+            q = max(2, int(math.floor(points ** (1.0 / self.domain.dim) + 1e-9)))
+            if q**self.domain.dim > MAX_GRID_POINTS:  # the grid branch must be buildable before the count is charged
+                raise ValueError(f"candidates='grid_or_private': its grid in dimension {self.domain.dim} would have "
+                                 f"{q**self.domain.dim} points (over {MAX_GRID_POINTS}); use tree, random or private")
+            split = (0.0, 0.0, 0.0)
+        else:
+            split = tuple(default[i] if v is None else v for i, v in enumerate(given))
+            if not private and self.eps_candidates is None:
+                split = (0.0, split[1], split[2])
+            if not all(is_frac(v) for v in split) or abs(math.fsum(split) - 1.0) > 1e-9:
+                raise ValueError(f"eps_candidates/eps_coverage/eps_counts={split} should be fractions in [0, 1] summing to 1")
+            if not private and split[0] != 0.0:
+                raise ValueError("public candidates spend no budget: eps_candidates should be 0")
+            if (private and split[0] <= 0) or split[1] <= 0 or split[2] <= 0:
+                raise ValueError(f"every step needs a positive share of epsilon, got {split}")
         if mode == "private" and not (isinstance(self.delta_candidates, (int, float)) and 0 < self.delta_candidates < 1):
             raise ValueError(f"delta_candidates={self.delta_candidates!r} should be in (0, 1)")
         solver = self.solver or default_solver(self.objective, mode)
@@ -181,9 +185,7 @@ class MaxCover:
         params = MaxCoverParams(
             candidates=mode, candidate_table=self.candidate_table, candidate_count=int(self.candidate_count),
             candidate_scales=int(self.candidate_scales), coverage_approx=float(self.coverage_approx),
-            eps_candidates=0.0 if mode == "grid_or_private" else float(split[0]),
-            eps_coverage=0.0 if mode == "grid_or_private" else float(split[1]),
-            eps_counts=0.0 if mode == "grid_or_private" else float(split[2]),
+            eps_candidates=float(split[0]), eps_coverage=float(split[1]), eps_counts=float(split[2]),
             delta_candidates=float(self.delta_candidates) if mode == "private" else 0.0,
             n_upper=None if self.n_upper is None else int(self.n_upper), solver=solver,
             max_signatures=int(self.max_signatures), lloyd_share=float(lloyd_share),
