@@ -517,6 +517,33 @@ def test_signature_aggregator_keys_are_the_packed_rule_whatever_the_box_keeps(di
         assert np.array_equal(_pack_rows(w[:, : keep.size], keep, 45), np.packbits(full, axis=1))
 
 
+def test_arrow_batches_read_as_the_pandas_batches_did_hostile_values_included():
+    """The passes read Arrow batches (``mapInArrow``): the points are the pandas path's bit for bit,
+    a null, NaN, +-inf, 1e308 and -0.0 included, and ``arrow_out`` turns a kernel's frames into
+    RecordBatches with the same values."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from dpspark.maxcover.kernels import _batches_of_points, arrow_out, signature_aggregator
+
+    columns = ["_u0", "_u1", "_u2"]
+    values = [[0.25, None, -0.5], [float("nan"), 1e308, -1e308], [float("inf"), -float("inf"), -0.0],
+              [0.1, 0.2, 0.3], [-1.0, 1.0, 0.999999]]
+    table = pa.table({c: pa.array([row[j] for row in values], pa.float64()) for j, c in enumerate(columns)})
+    arrow = list(_batches_of_points(table.to_batches(max_chunksize=2), columns))
+    frames = list(_batches_of_points([table.slice(a, 2).to_pandas() for a in range(0, 5, 2)], columns))
+    assert len(arrow) == len(frames) == 3
+    for a, b in zip(arrow, frames):
+        assert a.tobytes() == b.tobytes()
+    assert np.concatenate(arrow)[0, 1] == 0.0 and np.concatenate(arrow)[1, 1] == 1.0  # null -> 0, 1e308 clipped
+    cand = np.array([[0.0, 0.0, 0.0], [0.2, 0.2, 0.2]])
+    fn = signature_aggregator(cand, np.zeros((0, 3)), np.zeros(0), 0.5, 2, columns)
+    via_arrow = pa.Table.from_batches(list(arrow_out(fn)(iter(table.to_batches(max_chunksize=2))))).to_pandas()
+    via_pandas = pd.concat(list(fn(iter([table.to_pandas()]))), ignore_index=True)
+    assert sorted(zip(via_arrow["sig"], via_arrow["n"])) == sorted(zip(via_pandas["sig"], via_pandas["n"]))
+    assert int(via_arrow["n"].sum()) == 5
+
+
 def test_group_sums_and_hash_merges_are_exact_with_wrapping_prefixes_and_colliding_hashes():
     from dpspark.maxcover import kernels
 

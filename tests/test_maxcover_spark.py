@@ -96,12 +96,98 @@ def test_spark_coverage_picks_identical_to_numpy_core(spark, p):
         return core.run_coverage(provider, cand.shape[0], ts, m, acc, 0.5, DELTA)
 
     counter = PassCounter()
-    spark_picks = run(SparkCoverage(df, COLUMNS, cand, ts, p, 10**6, counter))
+    provider = SparkCoverage(df, COLUMNS, cand, ts, p, 10**6, counter)
+    spark_picks = run(provider)
     numpy_picks = run(core.NumpySignatureProvider(x, cand, ts, p))
     assert spark_picks == numpy_picks
-    assert counter.passes == ts.size  # one pass per threshold
+    # one pass per threshold, but none once the picks cover every point (the largest thresholds here)
+    skipped = provider.skipped
+    assert skipped == list(range(ts.size - len(skipped), ts.size))
+    assert counter.passes == ts.size - len(skipped)
     chosen = cand[core.chosen_candidate_ids(spark_picks)]
     assert np.array_equal(snap_counts(df, COLUMNS, chosen), core.snap_counts(x, chosen, p))
+    df.unpersist()
+
+
+def test_a_threshold_goes_without_a_pass_only_when_the_last_histogram_shows_every_point_covered():
+    """The rule of ``SparkCoverage._all_covered``: from the last histogram (threshold i - 1) and that
+    threshold's picks, every point must be covered; an empty signature, a row holding no pick, picks
+    that do not continue the last pass's, or another threshold keep the pass."""
+    from dpspark.maxcover.passes import _packed_to_csr
+
+    cand = np.array([[0.0, 0.0], [0.5, 0.5], [-0.5, -0.5]])
+    provider = SparkCoverage(None, COLUMNS, cand, [0.1, 0.2, 0.4], 2, 100)
+    incidence = _packed_to_csr(np.packbits(np.array([[1, 0, 0], [0, 1, 0], [1, 1, 0]], dtype=bool), axis=1), 3)
+    counts = np.array([5, 2, 1], dtype=np.int64)
+
+    def covered(state, i, picks):
+        provider._last_hist = state
+        return provider._all_covered(i, picks)
+
+    full = (0, (), incidence, counts, 0)
+    assert covered(full, 1, ((0, 0), (1, 0)))  # every row holds candidate 0 or 1
+    assert covered(full, 1, ((1, 0), (0, 0), (1, 0)))
+    assert not covered(full, 1, ((0, 0),))  # the 2 points of row [0, 1, 0] are left
+    assert not covered(full, 1, ((0, 0), (2, 0)))
+    assert not covered(full, 2, ((0, 0), (1, 0)))  # the last pass was not threshold 1
+    assert not covered(full, 1, ((0, 0), (1, 5)))  # a pick of another threshold
+    assert not covered((0, 0, incidence, counts, 3), 1, ((0, 0), (1, 0)))  # 3 points with an empty signature
+    assert not covered((0, ((2, 0),), incidence, counts, 0), 1, ((0, 0), (1, 0)))  # not a continuation
+    assert covered((0, ((2, 0),), incidence, counts, 0), 1, ((2, 0), (0, 0), (1, 0)))
+    assert not covered(None, 1, ((0, 0), (1, 0)))  # no histogram on the driver (first pass, or spilled)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_thresholds_without_a_pass_are_those_after_every_point_is_covered(spark, p):
+    """Outliers far from every candidate (a corner, a duplicate of it) stay uncovered until the largest
+    thresholds: no pass is dropped while any point is uncovered, the picks are numpy's bit for bit,
+    and the thresholds that had no pass are exactly those whose points were all covered before."""
+    rng = np.random.default_rng(40 + p)
+    x = np.concatenate([clustered_unit(rng, 1500, spread=0.05), [[1.0, 1.0], [1.0, 1.0], [-1.0, 0.98]]])
+    cand = rng.uniform(-0.4, 0.4, size=(40, 2))
+    ts = core.thresholds(2 * math.sqrt(2), p, cand.shape[0], 0.5)
+    m = core.picks_per_threshold(4, 0.5)
+    df = unit_df(spark, x, 3)
+
+    def run(provider):
+        return core.run_coverage(provider, cand.shape[0], ts, m, Accountant(1.0, DELTA, SeededNoise(77)), 0.5, DELTA)
+
+    counter = PassCounter()
+    provider = SparkCoverage(df, COLUMNS, cand, ts, p, 10**6, counter)
+    picks = run(provider)
+    assert picks == run(core.NumpySignatureProvider(x, cand, ts, p))
+    from dpspark.maxcover.kernels import cost_within
+
+    uncovered_before = []  # points no pick of an earlier threshold covers, by the rule itself
+    for i in range(ts.size):
+        covered = np.zeros(x.shape[0], dtype=bool)
+        for c, j in picks:
+            if j < i:
+                covered |= cost_within(x, cand[[c]], ts[j], p)[:, 0]
+        uncovered_before.append(int((~covered).sum()))
+    first_all_covered = next(i for i in range(1, ts.size) if uncovered_before[i] == 0)
+    assert uncovered_before[first_all_covered - 1] > 0
+    assert provider.skipped == list(range(first_all_covered, ts.size))
+    assert counter.passes == ts.size - len(provider.skipped)
+    provider.close()
+    df.unpersist()
+
+
+def test_the_snap_pass_in_many_dimensions_gives_the_per_entry_labels(spark):
+    """From 4 dimensions the snap pass screens with a BLAS product: its counts are the numpy rule's
+    (per-entry distances, ties to the lowest index) with duplicated centers, points on a center,
+    points equidistant from two centers and the domain's corners."""
+    rng = np.random.default_rng(6)
+    dim = 6
+    centers = rng.uniform(-0.8, 0.8, size=(30, dim))
+    centers[7] = centers[3]  # a duplicated center: its points go to index 3
+    mid = (centers[0] + centers[1]) / 2.0
+    x = np.concatenate([clustered_unit(rng, 3000, dim=dim), centers[:10], np.repeat(mid[None, :], 5, axis=0),
+                        np.ones((3, dim)), -np.ones((2, dim))])
+    df = unit_df(spark, x, 3)
+    cols = [f"_u{j}" for j in range(dim)]
+    got = snap_counts(df, cols, centers)
+    assert np.array_equal(got, core.snap_counts(x, centers, 2)) and got.sum() == x.shape[0] and got[7] == 0
     df.unpersist()
 
 
@@ -133,14 +219,16 @@ def test_shrinking_the_persisted_set_changes_no_histogram(spark, monkeypatch):
         shrinks, owned = list(provider.shrinks), len(provider._owned)
         provider.close()
         assert not provider._owned and provider._spilled is None
+        run.skipped = list(provider.skipped)
         return picks, seen, shrinks, owned, counter
 
     ref_picks, ref_seen, ref_shrinks, _, ref_counter = run(-1.0)  # never shrinks
+    ref_skipped = run.skipped
     picks, seen, shrinks, owned, counter = run(0.5)
     assert not ref_shrinks and shrinks  # the default does shrink on this data
     assert owned == 1  # only the newest smaller set stays persisted during the loop
     assert picks == ref_picks and seen == ref_seen
-    assert counter.passes == ref_counter.passes == ts.size
+    assert counter.passes == ref_counter.passes == ts.size - len(ref_skipped)
     # spilled thresholds learn the uncovered count from their first job: same picks again
     sizes = sorted(len(h) for h in ref_seen)
     spilled_picks, _, spilled_shrinks, _, spilled_counter = run(0.5, max_signatures=sizes[len(sizes) * 3 // 4])
@@ -175,14 +263,16 @@ def test_spilled_histograms_give_the_same_picks_without_extra_data_passes(spark)
     spilled = provider.fallback_thresholds
     assert spilled and len(spilled) < ts.size
     assert spilled == [i for i, s in enumerate(sizes) if s > bound]
-    assert counter.passes == ts.size == ref_counter.passes  # the data: once per threshold, either way
+    # the data: once per threshold, either way, but for thresholds after every point was covered
+    assert counter.passes == ts.size - len(provider.skipped)
+    assert ref_counter.passes == ts.size - len(ref_provider.skipped)
     assert counter.histogram_jobs == len(spilled) * min(m, cand.shape[0])
     assert ref_counter.histogram_jobs == 0
     # max_signatures tiny: (nearly) every threshold spills, still the same picks, still r passes.
     picks_all, provider_all, counter_all = run(1)
     assert picks_all == ref_picks
     assert len(provider_all.fallback_thresholds) == sum(s > 1 for s in sizes)
-    assert counter_all.passes == ts.size
+    assert counter_all.passes == ts.size - len(provider_all.skipped)
     assert provider_all._spilled is None  # close() released the last persisted histogram
     df.unpersist()
 

@@ -350,6 +350,7 @@ class MaxCover:
                 "fallback_thresholds": [i + 1 for i in provider.fallback_thresholds],
                 "histogram_sizes": list(provider.histogram_sizes),
                 "shrunk_at_thresholds": [i + 1 for i in provider.shrinks],
+                "thresholds_without_pass": [i + 1 for i in provider.skipped],
             })
         return ClusteringModel(
             algorithm=self.name, objective=self.objective, centers=np.asarray(centers, dtype=np.float64),

@@ -1,6 +1,6 @@
 """The Spark passes of the maxcover family: executors aggregate exactly, the driver decides.
 
-Every pass runs ``mapInPandas`` over the clipped unit-space points (columns
+Every pass runs ``mapInArrow`` (``kernels.arrow_out``) over the clipped unit-space points (columns
 ``_u0.._u{d-1}`` from ``dpspark.tables.prepare_points``), works on whole Arrow
 batches with numpy (chunked so that no temporary exceeds about 4 million float64
 cells, whatever the batch size), and emits exact integer partial aggregates. The
@@ -45,8 +45,8 @@ import scipy.sparse as sp
 
 from dpspark.maxcover.core import PerPickScores
 from dpspark.maxcover.kernels import (
-    _chunk_rows,
     _signature_rows,
+    arrow_out,
     cell_aggregator,
     cell_hash_counter,
     histogram_score_aggregator,
@@ -184,6 +184,7 @@ class SparkCoverage:
         self.fallback_thresholds: list[int] = []  # thresholds whose histogram stayed on the executors
         self.histogram_sizes: list[int] = []
         self.shrinks: list[int] = []  # thresholds whose pass read a re-persisted, smaller set
+        self.skipped: list[int] = []  # thresholds with no pass: every point was covered already
         self._spilled = None  # the persisted histogram of the current threshold, if it stayed distributed
         self._last_scores = None  # (threshold, picks, exact scores) of the last histogram job
         self._reset()
@@ -195,6 +196,9 @@ class SparkCoverage:
         self._current_rows = None  # |current|, once a pass over it with no pending picks counted it
         self._uncovered = None  # uncovered points the last pass saw (before that threshold's picks)
         self._counts_current = False  # whether the running pass reads current with no pending picks
+        # (threshold, picks before it, incidence, counts, empty-signature count) of the last pass: the
+        # matrix the loop holds anyway, let go before the next pass
+        self._last_hist = None
 
     def _picks(self, covered_picks):
         ids = [int(c) for c, _ in covered_picks]
@@ -225,7 +229,7 @@ class SparkCoverage:
         if (pending and self._uncovered is not None and self._current_rows
                 and self._uncovered <= SHRINK_FRACTION * self._current_rows):
             pick_pts, pick_t = self._picks(pending)
-            smaller = (self._current.mapInPandas(uncovered_filter(pick_pts, pick_t, self.p, self.columns),
+            smaller = (self._current.mapInArrow(arrow_out(uncovered_filter(pick_pts, pick_t, self.p, self.columns)),
                                                  self._current.schema)
                        .persist(StorageLevel.MEMORY_AND_DISK))
             self._owned.append(smaller)
@@ -245,17 +249,20 @@ class SparkCoverage:
         if self._counts_current:
             self._current_rows = int(total)
 
+    def _pass_name(self, i: int) -> str:
+        return f"maxcover pass: signature histogram, threshold {i + 1}/{self.thresholds.size}"
+
     def histogram(self, i: int, covered_picks):
-        """One pass: the persisted histogram and, if it has at most ``max_signatures`` rows, its packed signature rows (uint8) and counts."""
+        """One pass: the persisted histogram and, if it has at most ``max_signatures`` non-empty signatures,
+        (their packed rows (uint8), their counts, the number of points with an empty signature)."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         pick_pts, pick_t = self._picks(self._pending(covered_picks))
         fn = signature_aggregator(self.candidates, pick_pts, pick_t, float(self.thresholds[i]), self.p, self.columns)
-        with step(f"maxcover pass: signature histogram, threshold {i + 1}/{self.thresholds.size}", self.timings,
-                  repeated=True):
+        with step(self._pass_name(i), self.timings, repeated=True):
             hist = (
-                self._current.mapInPandas(fn, "sig BINARY, n LONG")
+                self._current.mapInArrow(arrow_out(fn), "sig BINARY, n LONG")
                 .groupBy("sig").agg(F.sum("n").alias("n"))
                 .persist(StorageLevel.MEMORY_AND_DISK)
             )
@@ -269,7 +276,33 @@ class SparkCoverage:
             return hist, None
         hist.unpersist()
         self._saw_uncovered(int(counts.sum()))
-        return None, (rows[nonempty], counts[nonempty])
+        return None, (rows[nonempty], counts[nonempty], int(counts[~nonempty].sum()))
+
+    def _all_covered(self, i: int, covered_picks) -> bool:
+        """Whether the picks so far cover every point, known from the last histogram without a pass.
+
+        The last pass (threshold i - 1) saw every point the picks before it left uncovered, with its
+        signature at threshold i - 1. A pick (c, i - 1) covers exactly the points whose signature
+        holds c (the same rule, ``cost_within``, decides both), so the points still uncovered are
+        those with an empty signature and those whose signature holds none of threshold i - 1's
+        picks. When there are none, every later histogram is empty and needs no pass: the same
+        histograms, picks and draws, fewer passes (how many is NON-PRIVATE operational data, as the
+        shrinking is). Conservative: False unless ``covered_picks`` continues the last pass's picks
+        with picks of threshold i - 1 only.
+        """
+        last = self._last_hist
+        if last is None or last[0] != i - 1:
+            return False
+        _, before, incidence, counts, empty = last
+        covered = tuple(covered_picks)
+        if empty or covered[: len(before)] != before:
+            return False
+        new = covered[len(before):]
+        if any(int(j) != i - 1 for _, j in new):
+            return False
+        picked = np.array(sorted({int(c) for c, _ in new}), dtype=np.int64)
+        hit = np.asarray(incidence[:, picked].sum(axis=1)).reshape(-1) > 0 if picked.size else np.zeros(counts.size, dtype=bool)
+        return not int(counts[~hit].sum())
 
     def spilled_scores(self, i: int, threshold_picks: Sequence[int]) -> np.ndarray:
         """One job over threshold i's persisted histogram: exact scores given this threshold's picks so far.
@@ -316,6 +349,21 @@ class SparkCoverage:
 
     def __call__(self, i: int, covered_picks):
         self._release_spilled()  # the previous threshold's histogram, if it stayed on the executors
+        all_covered = self._all_covered(i, covered_picks)
+        self._last_hist = None
+        if all_covered:
+            # No point left uncovered: threshold i's histogram is empty and no pass reads the data. The
+            # step's lines are a pass's lines, so the analyst's log is the same either way; which
+            # thresholds had no pass is NON-PRIVATE (the operator's log and record only).
+            with step(self._pass_name(i), self.timings, repeated=True):
+                detail("maxcover: threshold %d: the picks so far cover every point; no pass", i + 1)
+            incidence = _packed_to_csr(np.zeros((0, (self.candidates.shape[0] + 7) // 8), dtype=np.uint8),
+                                       self.candidates.shape[0])
+            counts = np.zeros(0, dtype=np.int64)
+            self._last_hist = (i, tuple(covered_picks), incidence, counts, 0)
+            self.skipped.append(i)
+            self.histogram_sizes.append(0)
+            return incidence, counts
         spilled, hist = self.histogram(i, covered_picks)
         if hist is None:
             detail(  # how many signatures the data has: NON-PRIVATE, the operator's log in an accounted run
@@ -326,18 +374,20 @@ class SparkCoverage:
             self.fallback_thresholds.append(i)
             self.histogram_sizes.append(-1)
             return PerPickScores(lambda threshold_picks: self.spilled_scores(i, threshold_picks))
-        rows, counts = hist
+        rows, counts, empty = hist
         self.histogram_sizes.append(int(rows.shape[0]))
-        return _packed_to_csr(rows, self.candidates.shape[0]), counts
+        incidence = _packed_to_csr(rows, self.candidates.shape[0])
+        self._last_hist = (i, tuple(covered_picks), incidence, counts, empty)
+        return incidence, counts
 
 
 def snap_counts(df, columns: list[str], centers, counter: PassCounter | None = None, timings: dict | None = None) -> np.ndarray:
     """One pass: exact int64 number of points whose nearest center (unit space) is each center."""
     centers = np.ascontiguousarray(centers, dtype=np.float64)
-    k, dim = centers.shape
-    fn = snap_aggregator(centers, columns, _chunk_rows(k, dim))
+    k = centers.shape[0]
+    fn = snap_aggregator(centers, columns)
     with step("maxcover pass: snap points to the chosen centers", timings):
-        parts = df.mapInPandas(fn, "center INT, n LONG").toPandas()
+        parts = df.mapInArrow(arrow_out(fn), "center INT, n LONG").toPandas()
         if counter is not None:
             counter.add("snap")
     counts = np.zeros(k, dtype=np.int64)
@@ -396,7 +446,7 @@ def _repeated_cell_hashes(df, columns, sides, shifts, min_count, hash_bits, coun
     fn = cell_hash_counter(sides, shifts, columns, hash_bits)
     with step(f"maxcover pass: grid cell hash counts at {len(sides)} scales", timings):
         pdf = (
-            df.mapInPandas(fn, "level INT, h LONG, n LONG")
+            df.mapInArrow(arrow_out(fn), "level INT, h LONG, n LONG")
             .groupBy("level", "h")
             .agg(F.sum("n").alias("n"))
             .where(F.col("n") >= F.lit(int(min_count)))
@@ -420,7 +470,7 @@ def _cell_rows(df, columns, sides, shifts, min_count, only_hashes, hash_bits, co
     schema = "level INT, " + ", ".join(f"{c} INT" for c in gcols) + ", n LONG, " + ", ".join(f"{c} LONG" for c in scols)
     with step(f"maxcover pass: grid cell counts at {len(sides)} scales", timings):
         pdf = (
-            df.mapInPandas(fn, schema)
+            df.mapInArrow(arrow_out(fn), schema)
             .groupBy("level", *gcols)
             .agg(F.sum("n").alias("n"), *[F.sum(c).alias(c) for c in scols])
             .where(F.col("n") >= F.lit(int(min_count)))
