@@ -92,7 +92,7 @@ def test_model_and_outputs_hold_no_operational_metadata(spark, tmp_path, write_d
     model = MaxCover(k=3, epsilon=1.0, delta=1e-6, domain=Domain(2, (0.0, 0.0), (100.0, 100.0)), objective="kmeans",
                      candidates="grid", candidate_count=64, randomness=Randomness(3)).fit(df, timings=timings, operational=operational)
     leaks = {"spark_passes", "histogram_jobs", "passes_by_kind", "fallback_thresholds", "histogram_sizes",
-             "shrunk_at_thresholds", "thresholds_without_pass", "timings"}
+             "shrunk_at_thresholds", "thresholds_without_pass", "thresholds_from_a_group", "thresholds_read_again", "timings"}
     assert not leaks & set(model.info) and leaks - {"timings"} <= set(operational) and timings
     cfg, c = make_config(tmp_path, path, **{"algorithm": {"name": "maxcover", "k": 3, "candidates": "grid",
                                                           "candidate_count": 64}, "privacy.delta": 1e-6})

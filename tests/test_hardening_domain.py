@@ -436,4 +436,11 @@ def test_screened_cost_within_is_the_per_entry_rule_at_the_threshold(dim, p):
             got = mk.cost_within(x, c, t, p)
             assert got.dtype == bool and np.array_equal(got, want), (t, np.argwhere(got != want)[:5])
             wrong_without_margin += int((mk.cost_within(x, c, t, p, screen_factor=0.0) != want).sum())
+        # several thresholds from one product (a group's pass): each the rule's answer
+        scalar = sorted(float(t) for t in thresholds)
+        for group in (scalar[:5], scalar[::7], scalar[-3:]):
+            got = mk.cost_within_each(x, c, group, p)
+            assert len(got) == len(group)
+            for t, g in zip(group, got):
+                assert np.array_equal(g, cost <= t), t
     assert wrong_without_margin > 0

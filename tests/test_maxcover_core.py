@@ -517,6 +517,42 @@ def test_signature_aggregator_keys_are_the_packed_rule_whatever_the_box_keeps(di
         assert np.array_equal(_pack_rows(w[:, : keep.size], keep, 45), np.packbits(full, axis=1))
 
 
+@pytest.mark.parametrize("dim, p", [(2, 2), (10, 2), (10, 1)])
+def test_a_groups_keys_are_each_thresholds_keys_end_to_end(dim, p):
+    """``signature_aggregator`` over K thresholds: every point's key is its K single-threshold keys
+    end to end. Checked per point (batches of one row), with earlier picks dropping points and a
+    point within no threshold under the all-zero key."""
+    import pandas as pd
+
+    from dpspark.maxcover.kernels import signature_aggregator
+
+    rng = np.random.default_rng(dim * 10 + p)
+    x = np.clip(rng.normal(0.0, 0.35, size=(120, dim)), -1, 1)
+    x[0] = 1.0  # far from every candidate
+    cand = np.clip(rng.normal(0.0, 0.3, size=(21, dim)), -1, 1)
+    picks, pick_t = cand[:2], np.array([0.01 * dim, 0.02 * dim]) ** (p / 2.0)
+    columns = [f"_u{j}" for j in range(dim)]
+    ts = list(np.array([0.01, 0.04, 0.15, 0.4]) * dim ** (p / 2.0))
+    n_bytes = (21 + 7) // 8
+
+    def key_of(point, t):
+        out = list(signature_aggregator(cand, picks, pick_t, t, p, columns)(iter([pd.DataFrame(point[None, :], columns=columns)])))
+        return None if not out else bytes(out[0]["sig"][0])  # None: dropped by a pick
+
+    zeros = 0
+    for point in x:
+        joint = key_of(point, ts)
+        singles = [key_of(point, t) for t in ts]
+        if joint is None:
+            assert all(k is None for k in singles)
+            continue
+        assert len(joint) == len(ts) * n_bytes and joint == b"".join(singles)
+        zeros += joint == bytes(len(joint))
+    assert zeros >= 1
+    with pytest.raises(ValueError, match="ascending"):
+        signature_aggregator(cand, picks, pick_t, ts[::-1], p, columns)
+
+
 def test_arrow_batches_read_as_the_pandas_batches_did_hostile_values_included():
     """The passes read Arrow batches (``mapInArrow``): the points are the pandas path's bit for bit,
     a null, NaN, +-inf, 1e308 and -0.0 included, and ``arrow_out`` turns a kernel's frames into

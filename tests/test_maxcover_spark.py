@@ -49,6 +49,12 @@ def blob_points(n_per=750, seed=3, scale=4.0):
     return np.concatenate([c + r.normal(0.0, scale, size=(n_per, 2)) for c in BLOB_CENTERS])
 
 
+def passes_of(provider):
+    """Data passes a coverage loop made: one per threshold, but none for a threshold every point of
+    which was covered already or whose histogram came from a group's pass."""
+    return len(provider.histogram_sizes) - len(provider.skipped) - len(provider.grouped)
+
+
 def as_histogram(signatures, counts, n_cand):
     """{frozenset of candidate ids: count} from a list of tuples or a sparse incidence matrix."""
     inc = core.signatures_to_csr(signatures, n_cand)
@@ -103,7 +109,7 @@ def test_spark_coverage_picks_identical_to_numpy_core(spark, p):
     # one pass per threshold, but none once the picks cover every point (the largest thresholds here)
     skipped = provider.skipped
     assert skipped == list(range(ts.size - len(skipped), ts.size))
-    assert counter.passes == ts.size - len(skipped)
+    assert counter.passes == passes_of(provider) < ts.size
     chosen = cand[core.chosen_candidate_ids(spark_picks)]
     assert np.array_equal(snap_counts(df, COLUMNS, chosen), core.snap_counts(x, chosen, p))
     df.unpersist()
@@ -168,7 +174,7 @@ def test_thresholds_without_a_pass_are_those_after_every_point_is_covered(spark,
     first_all_covered = next(i for i in range(1, ts.size) if uncovered_before[i] == 0)
     assert uncovered_before[first_all_covered - 1] > 0
     assert provider.skipped == list(range(first_all_covered, ts.size))
-    assert counter.passes == ts.size - len(provider.skipped)
+    assert counter.passes == passes_of(provider)
     provider.close()
     df.unpersist()
 
@@ -188,6 +194,58 @@ def test_the_snap_pass_in_many_dimensions_gives_the_per_entry_labels(spark):
     cols = [f"_u{j}" for j in range(dim)]
     got = snap_counts(df, cols, centers)
     assert np.array_equal(got, core.snap_counts(x, centers, 2)) and got.sum() == x.shape[0] and got[7] == 0
+    df.unpersist()
+
+
+@pytest.mark.parametrize("first, most, max_signatures", [(1, 1, 10**6), (4, 8, 10**6), (8, 8, 10**6), (3, 3, 40)])
+def test_a_groups_pass_gives_every_threshold_the_histogram_of_its_own_pass(spark, monkeypatch, first, most,
+                                                                          max_signatures):
+    """One pass may read several thresholds (``GROUP_MAX``; the first ``FIRST_GROUP``): every threshold
+    gets the histogram its own pass would collect, the picks are numpy's bit for bit, hostile rows
+    (NaN, +-inf, 1e308, duplicates) included; a group too large for the driver (``max_signatures``
+    40) gives its first threshold the projection of its own histogram (one job over it, no pass),
+    which may itself stay on the executors; fewer passes than thresholds when groups form."""
+    from dpspark.maxcover import passes
+
+    rng = np.random.default_rng(12)
+    x = clustered_unit(rng, 2500, spread=0.08)
+    x[:30] = x[30]  # duplicates of one row
+    cand = rng.uniform(-0.8, 0.8, size=(48, 2))
+    ts = core.thresholds(2 * math.sqrt(2), 2, cand.shape[0], 0.5)
+    m = core.picks_per_threshold(4, 0.5)
+    hostile = np.array([[np.nan, 0.1], [np.inf, -np.inf], [1e308, -1e308], [1.0, 1.0]])
+    df = unit_df(spark, np.vstack([x, hostile]), 3)
+    x_clean = np.vstack([x, [[0.0, 0.1], [1.0, -1.0], [1.0, -1.0], [1.0, 1.0]]])  # as the passes read them
+
+    def run(first_group, group_max, limit):
+        monkeypatch.setattr(passes, "FIRST_GROUP", first_group)
+        monkeypatch.setattr(passes, "GROUP_MAX", group_max)
+        counter = PassCounter()
+        provider = SparkCoverage(df, COLUMNS, cand, ts, 2, limit, counter)
+        seen = []
+
+        def recording(i, covered):
+            out = provider(i, covered)
+            seen.append(None if isinstance(out, core.PerPickScores) else as_histogram(*out, cand.shape[0]))
+            return out
+
+        picks = core.run_coverage(recording, cand.shape[0], ts, m, Accountant(1.0, DELTA, SeededNoise(5)), 1.0, DELTA)
+        provider.close()
+        return picks, seen, provider, counter
+
+    ref_picks, ref_seen, ref_provider, _ = run(1, 1, 10**6)
+    assert not ref_provider.grouped and not ref_provider.regrouped
+    assert ref_picks == core.run_coverage(core.NumpySignatureProvider(x_clean, cand, ts, 2), cand.shape[0], ts, m,
+                                          Accountant(1.0, DELTA, SeededNoise(5)), 1.0, DELTA)
+    picks, seen, provider, counter = run(first, most, max_signatures)
+    assert picks == ref_picks
+    assert [h for h in seen if h is not None] and all(h == r for h, r in zip(seen, ref_seen) if h is not None)
+    assert counter.passes == passes_of(provider)
+    if most > 1 and max_signatures > 100:
+        assert provider.grouped and counter.passes < passes_of(ref_provider)
+    if max_signatures == 40:
+        assert provider.regrouped and provider.fallback_thresholds  # both ways of not holding a histogram
+        assert counter.by_kind["group histogram, first threshold"] == len(provider.regrouped)
     df.unpersist()
 
 
@@ -219,16 +277,16 @@ def test_shrinking_the_persisted_set_changes_no_histogram(spark, monkeypatch):
         shrinks, owned = list(provider.shrinks), len(provider._owned)
         provider.close()
         assert not provider._owned and provider._spilled is None
-        run.skipped = list(provider.skipped)
+        run.expected = passes_of(provider)
         return picks, seen, shrinks, owned, counter
 
     ref_picks, ref_seen, ref_shrinks, _, ref_counter = run(-1.0)  # never shrinks
-    ref_skipped = run.skipped
+    ref_expected = run.expected
     picks, seen, shrinks, owned, counter = run(0.5)
     assert not ref_shrinks and shrinks  # the default does shrink on this data
     assert owned == 1  # only the newest smaller set stays persisted during the loop
     assert picks == ref_picks and seen == ref_seen
-    assert counter.passes == ref_counter.passes == ts.size - len(ref_skipped)
+    assert ref_counter.passes == ref_expected and counter.passes == run.expected
     # spilled thresholds learn the uncovered count from their first job: same picks again
     sizes = sorted(len(h) for h in ref_seen)
     spilled_picks, _, spilled_shrinks, _, spilled_counter = run(0.5, max_signatures=sizes[len(sizes) * 3 // 4])
@@ -264,15 +322,17 @@ def test_spilled_histograms_give_the_same_picks_without_extra_data_passes(spark)
     assert spilled and len(spilled) < ts.size
     assert spilled == [i for i, s in enumerate(sizes) if s > bound]
     # the data: once per threshold, either way, but for thresholds after every point was covered
-    assert counter.passes == ts.size - len(provider.skipped)
-    assert ref_counter.passes == ts.size - len(ref_provider.skipped)
-    assert counter.histogram_jobs == len(spilled) * min(m, cand.shape[0])
+    assert counter.passes == passes_of(provider)
+    assert ref_counter.passes == passes_of(ref_provider)
+    # each pick of a spilled threshold: one job over its histogram; a group too large for the driver:
+    # one job to take its first threshold's histogram from the group's
+    assert counter.histogram_jobs == len(spilled) * min(m, cand.shape[0]) + len(provider.regrouped)
     assert ref_counter.histogram_jobs == 0
     # max_signatures tiny: (nearly) every threshold spills, still the same picks, still r passes.
     picks_all, provider_all, counter_all = run(1)
     assert picks_all == ref_picks
     assert len(provider_all.fallback_thresholds) == sum(s > 1 for s in sizes)
-    assert counter_all.passes == ts.size - len(provider_all.skipped)
+    assert counter_all.passes == passes_of(provider_all)
     assert provider_all._spilled is None  # close() released the last persisted histogram
     df.unpersist()
 

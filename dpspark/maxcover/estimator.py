@@ -351,6 +351,8 @@ class MaxCover:
                 "histogram_sizes": list(provider.histogram_sizes),
                 "shrunk_at_thresholds": [i + 1 for i in provider.shrinks],
                 "thresholds_without_pass": [i + 1 for i in provider.skipped],
+                "thresholds_from_a_group": [i + 1 for i in provider.grouped],
+                "thresholds_read_again": [i + 1 for i in provider.regrouped],
             })
         return ClusteringModel(
             algorithm=self.name, objective=self.objective, centers=np.asarray(centers, dtype=np.float64),

@@ -131,11 +131,24 @@ def cost_within(x: np.ndarray, pts: np.ndarray, t, p: int, screen_factor: float 
     norm below 1e-100 is decided by the rule itself, so the result is the rule's bit for bit.
     ``screen_factor`` replaces 4 g (tests only: 0 shows the margin matters).
     """
+    return cost_within_each(x, pts, [t], p, screen_factor)[0]
+
+
+def cost_within_each(x: np.ndarray, pts: np.ndarray, ts, p: int, screen_factor: float | None = None) -> list[np.ndarray]:
+    """``[cost_within(x, pts, t, p) for t in ts]``, bit for bit, from one distance computation.
+
+    The BLAS product (or, below ``_SCREEN_MIN_DIM`` dimensions, the rule's distances) is computed
+    once and compared with every threshold; a row the screen leaves undecided for any threshold
+    gets the rule's own distances, once, compared with every threshold (the screen is exact where it
+    decides, so the rule gives those rows the same answer). Each ``t`` is one threshold or one per
+    column of ``pts``.
+    """
     x = np.asarray(x, dtype=np.float64)
     pts = np.asarray(pts, dtype=np.float64)
-    t = np.broadcast_to(np.asarray(t, dtype=np.float64).reshape(-1), (pts.shape[0],))
+    ts = [np.broadcast_to(np.asarray(t, dtype=np.float64).reshape(-1), (pts.shape[0],)) for t in ts]
     if x.shape[1] < _SCREEN_MIN_DIM or x.shape[0] == 0 or pts.shape[0] == 0:
-        return _per_entry_within(x, pts, t, p)
+        cost = _cost_from_sq(_sq_dists(x, pts), p)
+        return [cost <= t[None, :] for t in ts]
     dim = x.shape[1]
     u = 2.0 ** -53
     g = (dim + 3) * u / (1.0 - (dim + 3) * u)
@@ -143,12 +156,15 @@ def cost_within(x: np.ndarray, pts: np.ndarray, t, p: int, screen_factor: float 
     with np.errstate(all="ignore"):
         c_sq = np.einsum("ij,ij->i", pts, pts)
         c_norm = float(np.sqrt(c_sq.max())) if np.all(np.isfinite(c_sq)) else np.inf
-        if p == 2:
-            lo = hi = t
-        else:
-            t_sq = t ** (2.0 / p)
-            lo, hi = t_sq * (1.0 - _POWER_SLACK), t_sq * (1.0 + _POWER_SLACK)
-        out = np.empty((x.shape[0], pts.shape[0]), dtype=bool)
+        bounds = []
+        for t in ts:
+            if p == 2:
+                bounds.append((t, t))
+            else:
+                t_sq = t ** (2.0 / p)
+                bounds.append((t_sq * (1.0 - _POWER_SLACK), t_sq * (1.0 + _POWER_SLACK)))
+        finite_t = all(bool(np.all(np.isfinite(t))) for t in ts)
+        outs = [np.empty((x.shape[0], pts.shape[0]), dtype=bool) for _ in ts]
         for start in range(0, x.shape[0], _SCREEN_ROWS):
             xs = x[start : start + _SCREEN_ROWS]
             x_sq = np.einsum("ij,ij->i", xs, xs)
@@ -160,15 +176,18 @@ def cost_within(x: np.ndarray, pts: np.ndarray, t, p: int, screen_factor: float 
             approx *= -2.0
             approx += x_sq[:, None]
             approx += c_sq[None, :]
-            inside = approx <= (lo - margin)[None, :]
-            not_outside = approx <= (hi + margin)[None, :]
-            undecided = bad | (inside != not_outside).any(axis=1) | ~np.all(np.isfinite(t)) | (margin == np.inf)
-            block = out[start : start + len(xs)]
-            block[:] = inside
-            if undecided.any():
-                rows = np.flatnonzero(undecided)
-                block[rows] = _per_entry_within(xs[rows], pts, t, p)
-    return out
+            undecided = bad | (not finite_t) | (margin == np.inf)
+            for (lo, hi), out in zip(bounds, outs):
+                inside = approx <= (lo - margin)[None, :]
+                not_outside = approx <= (hi + margin)[None, :]
+                undecided = undecided | (inside != not_outside).any(axis=1)
+                out[start : start + len(xs)] = inside
+            if np.any(undecided):
+                rows = np.flatnonzero(np.broadcast_to(undecided, (len(xs),)))
+                cost = _cost_from_sq(_sq_dists(xs[rows], pts), p)
+                for t, out in zip(ts, outs):
+                    out[start + rows] = cost <= t[None, :]
+    return outs
 
 
 def _batches_of_points(batches, columns):
@@ -220,19 +239,28 @@ def _pack_rows(within: np.ndarray, keep: np.ndarray, n_cand: int) -> np.ndarray:
     return np.packbits(full, axis=1)
 
 
-def signature_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns: list[str], chunk_rows: int | None = None):
+def signature_aggregator(candidates, pick_pts, pick_t, t, p: int, columns: list[str], chunk_rows: int | None = None):
     """``mapInPandas`` function: (signature key, exact count) rows of one partition's uncovered points.
 
     The key is ``numpy.packbits`` of the point's row of the (candidates within t)
     indicator: a canonical, fixed-length bytes value per signature. Points with an
     empty signature are counted under the all-zero key (they add nothing to any
     score; the driver uses their number to size the uncovered set).
+
+    ``t`` may be a sequence of K thresholds (ascending): the key is then the K packed rows, one per
+    threshold, end to end (K x ceil(|V| / 8) bytes), each exactly the key ``t`` alone would give,
+    from one distance computation (``cost_within_each``); the all-zero key holds the points within
+    no threshold. The bounding box prunes with the largest threshold: a candidate farther than it
+    from the box is farther than every smaller one.
     """
     candidates = np.ascontiguousarray(candidates, dtype=np.float64)
     n_cand, dim = candidates.shape
     pick_pts = np.ascontiguousarray(pick_pts, dtype=np.float64).reshape(-1, dim)
     pick_t = np.asarray(pick_t, dtype=np.float64).reshape(-1)
-    n_bytes = (n_cand + 7) // 8
+    ts = [float(v) for v in np.asarray(t, dtype=np.float64).reshape(-1)]
+    if not ts or any(b < a for a, b in zip(ts, ts[1:])):
+        raise ValueError(f"thresholds {ts!r} should be one or more, ascending")
+    key_bytes = len(ts) * ((n_cand + 7) // 8)
     rows = chunk_rows or _chunk_size(n_cand, dim)
 
     def run(batches):
@@ -246,23 +274,25 @@ def signature_aggregator(candidates, pick_pts, pick_t, t: float, p: int, columns
                 xc = _drop_covered(xc, pick_pts, pick_t, p)
                 if not xc.shape[0]:
                     continue
-                keep, within = _within(xc, candidates, t, p)
-                if within is None:
+                keep = np.flatnonzero(_box_cost(xc.min(axis=0), xc.max(axis=0), candidates, p) <= ts[-1])
+                if not keep.size:
                     empty += xc.shape[0]
                     continue
-                hit = within.any(axis=1)
+                within = cost_within_each(xc, candidates[keep], ts, p)
+                hit = within[-1].any(axis=1)  # within the largest threshold (each smaller one implies it)
                 empty += int(xc.shape[0] - hit.sum())
                 if not hit.any():
                     continue
-                packed_parts.append(_pack_rows(within[hit], keep, n_cand))
+                packed = [_pack_rows(w[hit], keep, n_cand) for w in within]
+                packed_parts.append(packed[0] if len(packed) == 1 else np.concatenate(packed, axis=1))
             if not packed_parts:
                 continue
             packed = np.ascontiguousarray(np.concatenate(packed_parts))
-            keys, counts = np.unique(packed.view(np.dtype((np.void, n_bytes))).reshape(-1), return_counts=True)
+            keys, counts = np.unique(packed.view(np.dtype((np.void, key_bytes))).reshape(-1), return_counts=True)
             for key, c in zip(keys.tolist(), counts.tolist()):
                 agg[key] = agg.get(key, 0) + c
         if empty:
-            agg[bytes(n_bytes)] = agg.get(bytes(n_bytes), 0) + empty
+            agg[bytes(key_bytes)] = agg.get(bytes(key_bytes), 0) + empty
         items = list(agg.items())
         for start in range(0, len(items), _YIELD_ROWS):
             part = items[start : start + _YIELD_ROWS]

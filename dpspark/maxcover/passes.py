@@ -16,8 +16,11 @@ bit for bit with the numpy reference.
 
 Passes (each one Spark job over the data):
 
-- :meth:`SparkCoverage.histogram` (one per threshold): the uncovered points'
-  cover-signature histogram. A signature is the packed bitset
+- :meth:`SparkCoverage.histogram` (at most one per threshold): the uncovered points'
+  cover-signature histogram. One pass may read a group of thresholds (each point's key is its
+  signatures at each, end to end); the group's later thresholds get their histograms from it on
+  the driver (``_from_group``), and once the picks cover every point the later thresholds need no
+  pass at all (``_all_covered``): the same histograms either way, bit for bit. A signature is the packed bitset
   (``numpy.packbits``) of the candidates within the threshold, used as a binary
   key; each partition counts its keys in a dict, Spark sums the counts per key
   (``groupBy(sig).sum(n)``) and the result is persisted. At most
@@ -26,7 +29,7 @@ Passes (each one Spark job over the data):
   histogram STAYS on the executors and every pick of the threshold runs one
   small job over the persisted histogram (:meth:`SparkCoverage.spilled_scores`,
   ``kernels.histogram_score_aggregator``), never over the data again. So every
-  threshold reads the data exactly once, whatever n and d.
+  threshold reads the data at most once, whatever n and d.
 - :func:`snap_counts` (one, at the end): the number of points whose nearest chosen
   center is each center (ties to the lowest index).
 - :func:`cell_aggregates` (private candidates, one for all scales; two from
@@ -38,6 +41,7 @@ Passes (each one Spark job over the data):
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -143,6 +147,10 @@ def _collected_signatures(table, n_bytes: int) -> tuple[np.ndarray, np.ndarray]:
 # Re-persist the uncovered points once at most this fraction of the persisted set is uncovered.
 SHRINK_FRACTION = 0.5
 
+# Thresholds one pass may read at most (a group; see SparkCoverage), and how many the first pass reads.
+GROUP_MAX = 8
+FIRST_GROUP = 2
+
 
 def _has_candidate(v: int):
     """Spark column: whether candidate v is in the packed signature ``sig`` (the bit ``kernels._has_bit`` tests)."""
@@ -185,6 +193,9 @@ class SparkCoverage:
         self.histogram_sizes: list[int] = []
         self.shrinks: list[int] = []  # thresholds whose pass read a re-persisted, smaller set
         self.skipped: list[int] = []  # thresholds with no pass: every point was covered already
+        self.grouped: list[int] = []  # thresholds with no pass: their histogram came from a group's pass
+        self.regrouped: list[int] = []  # thresholds whose group was too large for the driver (see histogram)
+        self._group = FIRST_GROUP  # thresholds the next pass reads (operational, from the last pass's size)
         self._spilled = None  # the persisted histogram of the current threshold, if it stayed distributed
         self._last_scores = None  # (threshold, picks, exact scores) of the last histogram job
         self._reset()
@@ -199,6 +210,8 @@ class SparkCoverage:
         # (threshold, picks before it, incidence, counts, empty-signature count) of the last pass: the
         # matrix the loop holds anyway, let go before the next pass
         self._last_hist = None
+        # (first threshold, thresholds, picks before it, joint rows, counts) of the last group's pass
+        self._joint = None
 
     def _picks(self, covered_picks):
         ids = [int(c) for c, _ in covered_picks]
@@ -252,36 +265,103 @@ class SparkCoverage:
     def _pass_name(self, i: int) -> str:
         return f"maxcover pass: signature histogram, threshold {i + 1}/{self.thresholds.size}"
 
-    def histogram(self, i: int, covered_picks):
-        """One pass: the persisted histogram and, if it has at most ``max_signatures`` non-empty signatures,
-        (their packed rows (uint8), their counts, the number of points with an empty signature)."""
+    def histogram(self, i: int, covered_picks, group: int = 1):
+        """One pass over thresholds i .. i + group - 1 (one key per point: its signatures at each, end to end).
+
+        Returns (persisted histogram, None) when threshold i has more than ``max_signatures``
+        non-empty signatures (it stays on the executors); else (None, threshold i's (packed rows,
+        counts, empty-signature count)), and a group's joint rows are kept for its later thresholds
+        (``_from_group``). A group with more than ``max_signatures // group`` keys (the bytes of one
+        full histogram) is not collected: one job over its persisted histogram keeps the first
+        threshold's part of each key and adds the counts per part (threshold i's histogram, read
+        from the group's, not from the data), and the group's other thresholds get their own passes.
+        """
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
+        group = max(1, min(int(group), self.thresholds.size - i))
+        if np.any(np.diff(self.thresholds[i : i + group]) < 0):  # a group's key needs ascending thresholds
+            group = 1
         pick_pts, pick_t = self._picks(self._pending(covered_picks))
-        fn = signature_aggregator(self.candidates, pick_pts, pick_t, float(self.thresholds[i]), self.p, self.columns)
-        with step(self._pass_name(i), self.timings, repeated=True):
-            hist = (
-                self._current.mapInArrow(arrow_out(fn), "sig BINARY, n LONG")
-                .groupBy("sig").agg(F.sum("n").alias("n"))
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            )
-            table = hist.limit(self.max_signatures + 2).toArrow()  # + 1 for the empty signature
-            self.counter.add("signature histogram")
+        fn = signature_aggregator(self.candidates, pick_pts, pick_t, self.thresholds[i : i + group], self.p, self.columns)
+        hist = (
+            self._current.mapInArrow(arrow_out(fn), "sig BINARY, n LONG")
+            .groupBy("sig").agg(F.sum("n").alias("n"))
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        limit = self.max_signatures if group == 1 else max(1, self.max_signatures // group)
+        table = hist.limit(limit + 2).toArrow()  # + 1 for the empty signature
+        self.counter.add("signature histogram")
         self._retire()
-        rows, counts = _collected_signatures(table, (self.candidates.shape[0] + 7) // 8)
+        n_bytes = (self.candidates.shape[0] + 7) // 8
+        rows, counts = _collected_signatures(table, group * n_bytes)
         del table
-        nonempty = rows.any(axis=1)
-        if int(nonempty.sum()) > self.max_signatures:
+        nonempty = int(rows.any(axis=1).sum())
+        if nonempty > limit and group > 1:
+            detail("maxcover: thresholds %d-%d read together have more than %d distinct keys; threshold %d's "
+                   "histogram is taken from theirs", i + 1, i + group, limit, i + 1)
+            self.regrouped.append(i)
+            single = (hist.select(F.substring(F.col("sig"), 1, n_bytes).alias("sig"), F.col("n"))
+                      .groupBy("sig").agg(F.sum("n").alias("n"))
+                      .persist(StorageLevel.MEMORY_AND_DISK))
+            table = single.limit(self.max_signatures + 2).toArrow()
+            self.counter.add_histogram_job("group histogram, first threshold")
+            hist.unpersist()
+            hist, group, limit = single, 1, self.max_signatures
+            rows, counts = _collected_signatures(table, n_bytes)
+            del table
+            nonempty = int(rows.any(axis=1).sum())
+        if nonempty > limit:
             return hist, None
         hist.unpersist()
         self._saw_uncovered(int(counts.sum()))
-        return None, (rows[nonempty], counts[nonempty], int(counts[~nonempty].sum()))
+        # the next pass's group, from this one's size (how many keys the data has: operational only)
+        per = max(1, nonempty)
+        self._group = int(max(1, min(GROUP_MAX, math.isqrt(max(1, self.max_signatures // (2 * per))))))
+        if self.regrouped and self.regrouped[-1] == i:  # the group did not fit: the next pass reads one
+            self._group = 1
+        if group > 1:
+            self._joint = (i, group, tuple(covered_picks), rows, counts)
+        return None, _group_histogram(rows, counts, n_bytes, 0, i, ())
+
+    def _group_size(self) -> int:
+        """Thresholds the next pass reads: at most ``max_signatures`` // the points the last histogram saw
+        uncovered (a group has at most one key per point it reads, and it reads no more than those, so
+        it fits on the driver), and what the last pass's size suggests; ``FIRST_GROUP`` at first.
+        Operational (it changes which passes run, never a histogram)."""
+        if self._uncovered is None:
+            return self._group
+        return int(max(1, min(self._group, self.max_signatures // max(1, self._uncovered))))
+
+    def _from_group(self, i: int, covered_picks):
+        """Threshold i's histogram from the last group's pass, with no pass, or None.
+
+        The group's pass saw every point the picks before its first threshold s left uncovered,
+        with its signatures at s .. s + g - 1. A pick (c, j) of those thresholds covers exactly the
+        points whose signature at j holds c (the same rule decides both), so threshold i's
+        histogram is the signatures at i of the points holding none of the picks made since s:
+        the histogram a pass at i would collect, bit for bit (same signatures, same counts).
+        """
+        joint = self._joint
+        if joint is None:
+            return None
+        start, group, before, rows, counts = joint
+        if not start < i < start + group:
+            return None
+        covered = tuple(covered_picks)
+        if covered[: len(before)] != before:
+            return None
+        new = covered[len(before):]
+        if any(not start <= int(j) < i for _, j in new):
+            return None
+        hist = _group_histogram(rows, counts, (self.candidates.shape[0] + 7) // 8, i - start, start, new)
+        self._uncovered = int(hist[1].sum()) + hist[2]  # what a pass at i would have seen uncovered
+        return hist
 
     def _all_covered(self, i: int, covered_picks) -> bool:
         """Whether the picks so far cover every point, known from the last histogram without a pass.
 
-        The last pass (threshold i - 1) saw every point the picks before it left uncovered, with its
+        The last histogram (threshold i - 1, from a pass or a group's pass) held every point the picks before it left uncovered, with its
         signature at threshold i - 1. A pick (c, i - 1) covers exactly the points whose signature
         holds c (the same rule, ``cost_within``, decides both), so the points still uncovered are
         those with an empty signature and those whose signature holds none of threshold i - 1's
@@ -349,36 +429,68 @@ class SparkCoverage:
 
     def __call__(self, i: int, covered_picks):
         self._release_spilled()  # the previous threshold's histogram, if it stayed on the executors
+        # One step per threshold whatever happens inside (a pass, a group's pass, none): the analyst's
+        # log is the same for every dataset; what happened is NON-PRIVATE (operator's log and record).
+        with step(self._pass_name(i), self.timings, repeated=True):
+            return self._threshold(i, covered_picks)
+
+    def _threshold(self, i: int, covered_picks):
+        n_cand = self.candidates.shape[0]
         all_covered = self._all_covered(i, covered_picks)
         self._last_hist = None
         if all_covered:
-            # No point left uncovered: threshold i's histogram is empty and no pass reads the data. The
-            # step's lines are a pass's lines, so the analyst's log is the same either way; which
-            # thresholds had no pass is NON-PRIVATE (the operator's log and record only).
-            with step(self._pass_name(i), self.timings, repeated=True):
-                detail("maxcover: threshold %d: the picks so far cover every point; no pass", i + 1)
-            incidence = _packed_to_csr(np.zeros((0, (self.candidates.shape[0] + 7) // 8), dtype=np.uint8),
-                                       self.candidates.shape[0])
-            counts = np.zeros(0, dtype=np.int64)
-            self._last_hist = (i, tuple(covered_picks), incidence, counts, 0)
+            # No point left uncovered: threshold i's histogram is empty and no pass reads the data.
+            detail("maxcover: threshold %d: the picks so far cover every point; no pass", i + 1)
+            self._joint = None
+            hist = (np.zeros((0, (n_cand + 7) // 8), dtype=np.uint8), np.zeros(0, dtype=np.int64), 0)
             self.skipped.append(i)
-            self.histogram_sizes.append(0)
-            return incidence, counts
-        spilled, hist = self.histogram(i, covered_picks)
-        if hist is None:
-            detail(  # how many signatures the data has: NON-PRIVATE, the operator's log in an accounted run
-                "maxcover: threshold %d has more than max_signatures=%d distinct cover signatures; its histogram "
-                "stays on the executors and each pick runs one job over it", i + 1, self.max_signatures,
-            )
-            self._spilled = spilled
-            self.fallback_thresholds.append(i)
-            self.histogram_sizes.append(-1)
-            return PerPickScores(lambda threshold_picks: self.spilled_scores(i, threshold_picks))
+        else:
+            hist = self._from_group(i, covered_picks)
+            if hist is not None:
+                detail("maxcover: threshold %d: histogram from the pass of threshold %d", i + 1, self._joint[0] + 1)
+                self.grouped.append(i)
+            else:
+                self._joint = None
+                spilled, hist = self.histogram(i, covered_picks, self._group_size())
+                if hist is None:
+                    detail(  # how many signatures the data has: NON-PRIVATE, the operator's log in an accounted run
+                        "maxcover: threshold %d has more than max_signatures=%d distinct cover signatures; its "
+                        "histogram stays on the executors and each pick runs one job over it", i + 1, self.max_signatures,
+                    )
+                    self._spilled = spilled
+                    self._group = 1
+                    self.fallback_thresholds.append(i)
+                    self.histogram_sizes.append(-1)
+                    return PerPickScores(lambda threshold_picks: self.spilled_scores(i, threshold_picks))
         rows, counts, empty = hist
         self.histogram_sizes.append(int(rows.shape[0]))
-        incidence = _packed_to_csr(rows, self.candidates.shape[0])
+        incidence = _packed_to_csr(rows, n_cand)
         self._last_hist = (i, tuple(covered_picks), incidence, counts, empty)
         return incidence, counts
+
+
+def _group_histogram(rows: np.ndarray, counts: np.ndarray, n_bytes: int, q: int, start: int, new_picks):
+    """(packed signatures at the group's q-th threshold, their counts, the empty-signature count) of
+    the joint rows (``signature_aggregator`` keys of thresholds start, start + 1, ...) that hold none
+    of ``new_picks`` ((candidate, threshold) pairs of the group's earlier thresholds). Equal
+    signatures are merged, so each appears once, as in a pass's histogram."""
+    alive = np.ones(rows.shape[0], dtype=bool)
+    for c, j in new_picks:
+        c = int(c)
+        alive &= (rows[:, (int(j) - start) * n_bytes + c // 8] & np.uint8(0x80 >> (c % 8))) == 0
+    part = rows[:, q * n_bytes : (q + 1) * n_bytes]
+    nonempty = part.any(axis=1)
+    empty = int(counts[alive & ~nonempty].sum())
+    sel = alive & nonempty
+    part, cnt = np.ascontiguousarray(part[sel]), counts[sel]
+    if rows.shape[1] == n_bytes and not new_picks:  # a single threshold's keys, already distinct
+        return part, cnt.astype(np.int64), empty
+    if not part.shape[0]:
+        return part.reshape(0, n_bytes), np.zeros(0, dtype=np.int64), empty
+    keys, inverse = np.unique(part.view(np.dtype((np.void, n_bytes))).reshape(-1), return_inverse=True)
+    merged = np.zeros(keys.shape[0], dtype=np.int64)
+    np.add.at(merged, inverse.reshape(-1), cnt.astype(np.int64))
+    return keys.view(np.uint8).reshape(-1, n_bytes), merged, empty
 
 
 def snap_counts(df, columns: list[str], centers, counter: PassCounter | None = None, timings: dict | None = None) -> np.ndarray:
