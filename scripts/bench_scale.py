@@ -30,7 +30,7 @@ code path, marked ``~``), peak driver memory from the OS: the Python driver's pe
 way), time per point. A log-log plot of wall time against n per job with the least-squares slope.
 
 Spark passes of maxcover (and of auto's maxcover route) come with ``passes_by_kind``: r = the number of
-signature-histogram passes (one per threshold), the limit r + 1 (+ 1 with private candidates, + 1 more from 4 dimensions on: hashed cell counts first), the
+thresholds (each read by at most one signature-histogram pass), the limit r + 1 (+ 1 with private candidates, + 1 more from 4 dimensions on: hashed cell counts first), the
 thresholds whose histogram exceeded ``max_signatures`` (``fallback_thresholds``, with
 ``histogram_jobs`` when the fit reports them), and the largest signature histogram
 (``histogram_sizes``), all NON-PRIVATE operational metadata of the fit.
@@ -197,6 +197,8 @@ def maxcover_extras(operational: dict) -> dict:
     """r + 1 (+ the candidates' passes, the row count, the Lloyd step) as the pass limit, the fallback thresholds, the largest histogram."""
     by_kind = operational.get("passes_by_kind") or {}
     r = by_kind.get("signature histogram")
+    if r is not None:  # r = the thresholds (one entry each in histogram_sizes), read in at most r passes
+        r = max(int(r), len(operational.get("histogram_sizes") or []))
     sizes = [int(s) for s in operational.get("histogram_sizes") or [] if s is not None and int(s) >= 0]
     fallbacks = operational.get("fallback_thresholds") or []
     # the passes besides the thresholds' and the snap, as counted: private cells (one, or two from
@@ -589,7 +591,7 @@ def write_outputs(results, args, out_dir: Path, py_lifetime_mb: float, jvm_pid, 
     md.append("![time vs n](time_vs_n.png)")
     md.append("")
     md.append("Spark passes: maxcover (and auto) from the fit's `operational` dict (NON-PRIVATE); the limit r + 1 "
-              "(+ 1 with private candidates), r = its signature-histogram passes (one per threshold), `OVER` when per-pick "
+              "(+ 1 with private candidates), r = its thresholds (each read by at most one pass), `OVER` when per-pick "
               "fallback passes exceed it; dplloyd and ldp from their code paths "
               "(one aggregation pass per Lloyd iteration; one pass per LDP round); MLlib approximate (`~`, see the "
               "script's docstring). cost / cost(true means): k-means cost on a sample of up to 2e5 rows in the unit "

@@ -132,6 +132,10 @@ def test_maxcover_extras_limit_and_fallbacks():
     assert bs._fallback_cell(extras) == "7 9 (12 histogram jobs)"
     assert bs.maxcover_extras({}) == {"passes_limit": "", "fallback_thresholds": "", "max_histogram": "",
                                       "histogram_jobs": ""}
+    # r is the number of thresholds: groups and covered thresholds need fewer histogram passes
+    op = {"passes_by_kind": {"tree": 1, "signature histogram": 4, "snap": 1, "lloyd": 1},
+          "histogram_sizes": [9, 40, 900, 30, 0, 0]}
+    assert bs.maxcover_extras(op)["passes_limit"] == 6 + 1 + 2
     assert bs._passes_cell({"spark_passes": 77, "passes_limit": 14}) == "77 / 14 OVER"
     assert bs._passes_cell({"spark_passes": 14, "passes_limit": 14}) == "14 / 14"
 
