@@ -55,6 +55,19 @@ def passes_of(provider):
     return len(provider.histogram_sizes) - len(provider.skipped) - len(provider.grouped)
 
 
+def recorded_coverage(provider, n_cand, ts, m, seed):
+    """(picks, per threshold its histogram as ``as_histogram`` or None when spilled) of one seeded loop."""
+    seen = []
+
+    def recording(i, covered):
+        out = provider(i, covered)
+        seen.append(None if isinstance(out, core.PerPickScores) else as_histogram(*out, n_cand))
+        return out
+
+    picks = core.run_coverage(recording, n_cand, ts, m, Accountant(1.0, DELTA, SeededNoise(seed)), 1.0, DELTA)
+    return picks, seen
+
+
 def as_histogram(signatures, counts, n_cand):
     """{frozenset of candidate ids: count} from a list of tuples or a sparse incidence matrix."""
     inc = core.signatures_to_csr(signatures, n_cand)
@@ -222,15 +235,19 @@ def test_a_groups_pass_gives_every_threshold_the_histogram_of_its_own_pass(spark
         monkeypatch.setattr(passes, "GROUP_MAX", group_max)
         counter = PassCounter()
         provider = SparkCoverage(df, COLUMNS, cand, ts, 2, limit, counter)
-        seen = []
+        steps = []
+        real_step = passes.step
 
-        def recording(i, covered):
-            out = provider(i, covered)
-            seen.append(None if isinstance(out, core.PerPickScores) else as_histogram(*out, cand.shape[0]))
-            return out
+        def counting_step(name, *args, **kwargs):
+            steps.append((name, kwargs.get("data_dependent", False)))
+            return real_step(name, *args, **kwargs)
 
-        picks = core.run_coverage(recording, cand.shape[0], ts, m, Accountant(1.0, DELTA, SeededNoise(5)), 1.0, DELTA)
+        monkeypatch.setattr(passes, "step", counting_step)
+        picks, seen = recorded_coverage(provider, cand.shape[0], ts, m, 5)
         provider.close()
+        # the analyst's log: one step per threshold, whatever ran inside (a pass, a group's, none)
+        shown = [name for name, hidden in steps if not hidden]
+        assert shown == [provider._pass_name(i) for i in range(ts.size)]
         return picks, seen, provider, counter
 
     ref_picks, ref_seen, ref_provider, _ = run(1, 1, 10**6)
@@ -266,14 +283,7 @@ def test_shrinking_the_persisted_set_changes_no_histogram(spark, monkeypatch):
         monkeypatch.setattr(passes, "SHRINK_FRACTION", fraction)
         counter = PassCounter()
         provider = SparkCoverage(df, columns, cand, ts, 2, max_signatures, counter)
-        seen = []
-
-        def recording(i, covered):
-            out = provider(i, covered)
-            seen.append(None if isinstance(out, core.PerPickScores) else as_histogram(*out, cand.shape[0]))
-            return out
-
-        picks = core.run_coverage(recording, cand.shape[0], ts, m, Accountant(1.0, DELTA, SeededNoise(7)), 1.0, DELTA)
+        picks, seen = recorded_coverage(provider, cand.shape[0], ts, m, 7)
         shrinks, owned = list(provider.shrinks), len(provider._owned)
         provider.close()
         assert not provider._owned and provider._spilled is None

@@ -102,14 +102,6 @@ def _drop_covered(xc: np.ndarray, pick_pts: np.ndarray, pick_t: np.ndarray, p: i
     return xc[~np.any(cost_within(xc, pick_pts[near], pick_t[near], p), axis=1)]
 
 
-def _within(xc: np.ndarray, candidates: np.ndarray, t: float, p: int):
-    """(ids of the candidates that may be within t of the chunk, bool matrix rows x those ids: cost <= t)."""
-    keep = np.flatnonzero(_box_cost(xc.min(axis=0), xc.max(axis=0), candidates, p) <= t)
-    if not keep.size:
-        return keep, None
-    return keep, cost_within(xc, candidates[keep], t, p)
-
-
 def _per_entry_within(x: np.ndarray, pts: np.ndarray, t: np.ndarray, p: int) -> np.ndarray:
     return _cost_from_sq(_sq_dists(x, pts), p) <= t[None, :]
 
