@@ -389,13 +389,15 @@ class Attempt:
         operator record (written at the end, whatever happens), and an error handed to the caller as
         ``end`` makes it, raised here outside any ``except`` block (it chains nothing)."""
         failure = None
-        with accounted(ledgered), capture() as lines, quiet_spark_logs(self.spark, ledgered):
+        with accounted(ledgered), capture() as lines, quiet_spark_logs(self.spark, ledgered) as spark_log:
             if ledgered and operator_log_dir() is None:
                 log.warning("$%s is not set: this %s's operational data (timings, pass counts, error details) is "
                             "not kept anywhere", OPERATOR_LOG_ENV, what)
             try:
                 return body(self)
             except BaseException as exc:
+                if isinstance(exc, (RunKilled, KeyboardInterrupt)) and spark_log is not None:
+                    spark_log.restore = False  # the process ends; its cancelled tasks' Spark lines stay off
                 failure = self.end(exc)
             finally:
                 self.keep_operator_record(lines)

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+import types
 from pathlib import Path
 
 # delta-spark 4.4.0 pins pyspark <= 4.2.0; the JAR is built per Spark minor version.
@@ -498,7 +499,12 @@ def quiet_spark_logs(spark, on: bool = True):
     started (``dpspark.errors.for_the_analyst``), as on a classic session.
     A deployment whose driver log the analyst cannot read may keep Spark's lines with
     ``$DPSPARK_ACCOUNTED_SPARK_LOG`` (a log4j level, e.g. WARN, or KEEP for the session's level).
+
+    Yields a state whose ``restore`` the caller may set False: a killed attempt's process is ending
+    while its cancelled tasks still fail one by one (``ERROR TaskContextImpl ...`` after the status
+    line), so the level stays OFF to the exit.
     """
+    state = types.SimpleNamespace(restore=True)
     manager = None
     level = os.environ.get(ACCOUNTED_SPARK_LOG_ENV, "OFF")  # the deployment's, never a config's
     if on and level.upper() != "KEEP" and not is_connect(spark):
@@ -509,9 +515,9 @@ def quiet_spark_logs(spark, on: bool = True):
         except Exception:
             manager = None
     try:
-        yield
+        yield state
     finally:
-        if manager is not None:
+        if manager is not None and state.restore:
             try:
                 spark.sparkContext.setLogLevel(before)
             except Exception:

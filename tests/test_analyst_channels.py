@@ -361,3 +361,23 @@ def test_spark_task_failure_lines_do_not_reach_an_accounted_runs_stderr(spark, t
     assert "RunFailed" in done.stderr
     leaked = SECRET in done.stderr or SECRET in done.stdout
     assert leaked != quiet, (leaked, done.stderr[-3000:])
+
+
+def test_spark_log_stays_off_after_a_killed_attempt_and_comes_back_after_any_other(spark):
+    """A killed attempt's process is ending while its cancelled tasks still fail (``ERROR
+    TaskContextImpl ...`` lines after the status line): ``quiet_spark_logs`` keeps Spark's log OFF
+    when the attempt says so; an attempt that ends otherwise gets the session's level back."""
+    from dpspark import session
+
+    root = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger()
+    before = str(root.getLevel().toString())
+    assert before != "OFF"
+    with session.quiet_spark_logs(spark) as state:
+        assert str(root.getLevel().toString()) == "OFF"
+    assert str(root.getLevel().toString()) == before
+    try:
+        with session.quiet_spark_logs(spark) as state:
+            state.restore = False
+        assert str(root.getLevel().toString()) == "OFF"
+    finally:
+        spark.sparkContext.setLogLevel(before)
