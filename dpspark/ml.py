@@ -145,6 +145,7 @@ _FAMILY_OPTIONS = (
                           "(never the data's n). Unset: the number of candidates."),
     ("solver", _T.toString, "post-processing solver: kmeans weighted_kmeans; kmedian local_search | weiszfeld."),
     ("max_signatures", _T.toInt, "driver bound on one threshold's signature histogram."),
+    ("max_pairs", _T.toInt, "driver bound on the (signature, candidate) pairs of one threshold's histogram."),
     ("lloyd_share", _T.toFloat, "k-means: fraction of epsilon for one DP Lloyd step after the solve "
                                 "(default 0.5 with tree candidates, else 0)."),
     # dplloyd

@@ -347,6 +347,52 @@ def test_spilled_histograms_give_the_same_picks_without_extra_data_passes(spark)
     df.unpersist()
 
 
+@pytest.mark.parametrize("first, most", [(1, 1), (4, 8)])
+def test_histograms_with_more_pairs_than_max_pairs_stay_on_the_executors(spark, monkeypatch, first, most):
+    """``max_pairs`` bounds the (signature, candidate) pairs the driver's incidence holds, as
+    ``max_signatures`` bounds its rows: a threshold whose histogram has more pairs keeps it on the
+    executors (one job per pick over it, no pass), every collected histogram has at most that many
+    pairs (a group's later thresholds included), the pair counts recorded are the histograms' own,
+    and the picks are those of the uncapped run, hostile rows included."""
+    from dpspark.maxcover import passes
+
+    rng = np.random.default_rng(21)
+    x = clustered_unit(rng, 2000, spread=0.1)
+    x[:20] = x[20]
+    cand = rng.uniform(-0.9, 0.9, size=(40, 2))
+    ts = core.thresholds(2 * math.sqrt(2), 2, cand.shape[0], 0.5, n_upper=20_000)  # many thresholds with points
+    m = core.picks_per_threshold(4, 0.5)
+    df = unit_df(spark, np.vstack([x, [[np.nan, 0.2], [np.inf, 1e308]]]), 3)
+
+    def run(max_pairs, first_group, group_max):
+        monkeypatch.setattr(passes, "FIRST_GROUP", first_group)
+        monkeypatch.setattr(passes, "GROUP_MAX", group_max)
+        counter = PassCounter()
+        provider = SparkCoverage(df, COLUMNS, cand, ts, 2, 10**6, counter, max_pairs=max_pairs)
+        picks, seen = recorded_coverage(provider, cand.shape[0], ts, m, 3)
+        provider.close()
+        return picks, seen, provider, counter
+
+    ref_picks, ref_seen, ref, _ = run(10**9, 1, 1)
+    pairs = [sum(len(key) for key in h) for h in ref_seen]
+    assert ref.histogram_pairs == pairs and not ref.pair_spills
+    bound = sorted(p for p in pairs if p)[len([p for p in pairs if p]) // 2]  # some thresholds over it, some not
+    picks, seen, provider, counter = run(bound, first, most)
+    assert picks == ref_picks
+    over = [i for i, p in enumerate(pairs) if p > bound]
+    assert over and provider.pair_spills == over and provider.fallback_thresholds == over
+    assert all(h is None for i, h in enumerate(seen) if i in over)
+    kept = [(h, r) for h, r in zip(seen, ref_seen) if h is not None]
+    assert kept and all(h == r and sum(len(key) for key in h) <= bound for h, r in kept)
+    assert [p for p in provider.histogram_pairs if p >= 0] == [sum(len(key) for key in h) for h, _ in kept]
+    assert counter.passes == passes_of(provider)
+    assert counter.histogram_jobs == len(over) * min(m, cand.shape[0]) + counter.by_kind.get(
+        "group histogram, first threshold", 0)
+    if most > 1:
+        assert provider.grouped  # groups still form under the bound
+    df.unpersist()
+
+
 # ----------------------------------------------------------------------------
 # Privacy bookkeeping
 
@@ -708,7 +754,7 @@ def test_spilled_histogram_scores_equal_brute_force(spark):
 def test_packed_signatures_decode_to_the_reference_incidence(n_cand):
     """``_packed_to_csr`` (non-zero bytes only) gives the matrix of the bit-by-bit reference ``_keys_to_csr``,
     across its chunk boundaries, with empty rows, and ignoring set padding bits as ``unpackbits(count=|V|)`` does."""
-    from dpspark.maxcover.passes import _keys_to_csr, _packed_to_csr
+    from dpspark.maxcover.passes import _keys_to_csr, _packed_to_csr, signature_pairs
 
     rng = np.random.default_rng(n_cand)
     bits = rng.random((301, n_cand)) < rng.choice([0.0, 0.01, 0.3], size=(301, 1))
@@ -716,6 +762,10 @@ def test_packed_signatures_decode_to_the_reference_incidence(n_cand):
     if n_cand % 8:
         packed[::3, -1] |= np.uint8(0xFF >> (n_cand % 8))  # padding bits: not candidates
     want = _keys_to_csr([row.tobytes() for row in packed], n_cand)
+    for chunk in (1, 7, 65_536):  # the pairs per row: the candidates it holds, padding not counted
+        assert np.array_equal(signature_pairs(packed, n_cand, chunk=chunk), bits.sum(axis=1))
+    with pytest.raises(ValueError):  # pair counts that do not match the rows are refused
+        _packed_to_csr(packed, n_cand, lengths=bits.sum(axis=1) + 1)
     for chunk in (1, 7, 65_536):
         got = _packed_to_csr(packed, n_cand, chunk=chunk)
         assert got.shape == want.shape and got.dtype == np.int8 and got.has_sorted_indices

@@ -26,7 +26,7 @@ Passes over the data: r + 1 (+ 1 for private or tree candidates; + 2 for private
 candidates from d = 4 on, see ``passes.cell_aggregates``; + 1 for the row count of
 ``grid_or_private``, the default in d <= 3), for every n and d: a
 threshold whose histogram has more than ``max_signatures`` distinct signatures
-keeps it on the executors and runs one job per pick over that histogram, never
+(or more than ``max_pairs`` (signature, candidate) pairs) keeps it on the executors and runs one job per pick over that histogram, never
 over the data again. The pass and job counts, the list of such thresholds, the
 signature histogram sizes and the timings depend on the data and are
 not DP outputs: they go to the caller's ``operational`` dict (NON-PRIVATE
@@ -77,7 +77,7 @@ class MaxCover:
                  candidate_count: int = 1000, candidate_scales: int = 5, coverage_approx: float = 0.5,
                  eps_candidates: float | None = None, eps_coverage: float | None = None, eps_counts: float | None = None,
                  delta_candidates: float = 0.5, n_upper: int | None = None, solver: str | None = None,
-                 max_signatures: int = 2_000_000, lloyd_share: float | None = None, privacy_unit: str | None = None,
+                 max_signatures: int = 2_000_000, max_pairs: int = 32_000_000, lloyd_share: float | None = None, privacy_unit: str | None = None,
                  seed: int | None = None, randomness: Randomness | None = None):
         self.k = k
         self.epsilon = epsilon
@@ -97,6 +97,7 @@ class MaxCover:
         self.n_upper = n_upper
         self.solver = solver
         self.max_signatures = max_signatures
+        self.max_pairs = max_pairs
         self.lloyd_share = lloyd_share
         self.privacy_unit = privacy_unit
         self.seed = seed
@@ -113,7 +114,7 @@ class MaxCover:
                    candidate_count=p.candidate_count, candidate_scales=p.candidate_scales,
                    coverage_approx=p.coverage_approx, eps_candidates=p.eps_candidates, eps_coverage=p.eps_coverage,
                    eps_counts=p.eps_counts, delta_candidates=p.delta_candidates, n_upper=p.n_upper, solver=p.solver,
-                   max_signatures=p.max_signatures, lloyd_share=p.lloyd_share, privacy_unit=config.input.privacy_unit,
+                   max_signatures=p.max_signatures, max_pairs=p.max_pairs, lloyd_share=p.lloyd_share, privacy_unit=config.input.privacy_unit,
                    seed=config.seed,
                    randomness=randomness)
 
@@ -139,8 +140,9 @@ class MaxCover:
             raise ValueError(f"candidates={mode!r} should be one of {list(CANDIDATE_MODES)}")
         if mode == "table" and not self.candidate_table:
             raise ValueError("candidates='table' needs candidate_table (path of a public Delta table)")
-        if not is_int(self.candidate_count, 1) or not is_int(self.candidate_scales, 1) or not is_int(self.max_signatures, 1):
-            raise ValueError("candidate_count, candidate_scales and max_signatures should be integers >= 1")
+        for name in ("candidate_count", "candidate_scales", "max_signatures", "max_pairs"):
+            if not is_int(getattr(self, name), 1):
+                raise ValueError(f"{name}={getattr(self, name)!r} should be an integer >= 1")
         if mode != "table" and self.candidate_count < self.k:
             raise ValueError(f"candidate_count={self.candidate_count} should be >= k={self.k}")
         if not isinstance(self.coverage_approx, (int, float)) or not (0 < self.coverage_approx < 1):
@@ -188,7 +190,7 @@ class MaxCover:
             eps_candidates=float(split[0]), eps_coverage=float(split[1]), eps_counts=float(split[2]),
             delta_candidates=float(self.delta_candidates) if mode == "private" else 0.0,
             n_upper=None if self.n_upper is None else int(self.n_upper), solver=solver,
-            max_signatures=int(self.max_signatures), lloyd_share=float(lloyd_share),
+            max_signatures=int(self.max_signatures), max_pairs=int(self.max_pairs), lloyd_share=float(lloyd_share),
         )
         # grid_or_private: both branches must be valid (the grid's per-pick weight is the larger one)
         branches = [chosen_params(params, "grid", self.k)] if mode == "grid_or_private" else [params]
@@ -326,7 +328,8 @@ class MaxCover:
             m = core.picks_per_threshold(self.k, params.coverage_approx)
             log.info("maxcover: %d candidates, %d thresholds, %d picks per threshold", n_cand, ts.size, min(m, n_cand))
             max_signatures = signatures_within_result_limit(df.sparkSession, params.max_signatures, n_cand)
-            provider = SparkCoverage(cached, columns, cand_unit, ts, p, max_signatures, counter, timings)
+            provider = SparkCoverage(cached, columns, cand_unit, ts, p, max_signatures, counter, timings,
+                                     max_pairs=params.max_pairs)
             eps_cov, delta_cov = budget["coverage"]
             with step(f"maxcover: coverage loop ({ts.size} thresholds, one pass each)"):
                 picks = core.run_coverage(provider, n_cand, ts, m, accountant, eps_cov, delta_cov)
@@ -349,6 +352,8 @@ class MaxCover:
                 "passes_by_kind": dict(counter.by_kind),
                 "fallback_thresholds": [i + 1 for i in provider.fallback_thresholds],
                 "histogram_sizes": list(provider.histogram_sizes),
+                "histogram_pairs": list(provider.histogram_pairs),
+                "thresholds_spilled_for_pairs": [i + 1 for i in provider.pair_spills],
                 "shrunk_at_thresholds": [i + 1 for i in provider.shrinks],
                 "thresholds_without_pass": [i + 1 for i in provider.skipped],
                 "thresholds_from_a_group": [i + 1 for i in provider.grouped],

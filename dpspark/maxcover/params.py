@@ -36,6 +36,9 @@ key                    meaning                                                  
 ``max_signatures``     driver bound on the signature histogram of one threshold;  2000000
                        above it the histogram stays on the executors (one
                        small job per pick over it; no extra data pass)
+``max_pairs``          driver bound on the (signature, candidate) pairs of one    32000000
+                       threshold's histogram (its incidence: about 10 bytes a
+                       pair); above it, the same as above
 =====================  =========================================================  =================
 
 ``tree`` (private LSH-tree leaves, pure epsilon) takes the candidates' share of epsilon
@@ -70,7 +73,7 @@ SOLVERS = {"kmeans": ("weighted_kmeans",), "kmedian": ("local_search", "weiszfel
 KEYS = (
     "candidates", "candidate_table", "candidate_count", "candidate_scales", "coverage_approx",
     "eps_split", "eps_candidates", "eps_coverage", "eps_counts", "delta_candidates",
-    "n_upper", "solver", "max_signatures", "lloyd_share",
+    "n_upper", "solver", "max_signatures", "max_pairs", "lloyd_share",
 )
 DEFAULT_SPLIT_PRIVATE = (0.4, 0.3, 0.3)  # candidates, coverage, counts
 DEFAULT_SPLIT_PUBLIC = (0.0, 0.5, 0.5)
@@ -92,6 +95,7 @@ class MaxCoverParams:
     n_upper: int | None = None
     solver: str = "weiszfeld"
     max_signatures: int = 2_000_000
+    max_pairs: int = 32_000_000
     lloyd_share: float = 0.0  # fraction of epsilon for the last DP Lloyd step (k-means)
 
     @property
@@ -305,9 +309,10 @@ def validate_params(section, *, objective: str, k: int, dim: int, privacy) -> Ma
     n_upper = section.integer("n_upper", None, low=1, high=10**15)
     solver = section.string("solver", default_solver(objective, candidates), choices=SOLVERS[objective])
     max_signatures = section.integer("max_signatures", 2_000_000, low=1, high=10**9)
+    max_pairs = section.integer("max_pairs", 32_000_000, low=1, high=10**12)
     return MaxCoverParams(
         candidates=candidates, candidate_table=table, candidate_count=count, candidate_scales=scales,
         coverage_approx=a, eps_candidates=eps_cand, eps_coverage=eps_cov, eps_counts=eps_cnt,
         delta_candidates=delta_cand, n_upper=n_upper, solver=solver, max_signatures=max_signatures,
-        lloyd_share=lloyd_share,
+        max_pairs=max_pairs, lloyd_share=lloyd_share,
     )

@@ -100,34 +100,61 @@ def _keys_to_csr(keys: list[bytes], n_candidates: int, chunk: int = 65_536) -> s
     return sp.vstack(parts, format="csr")
 
 
-def _packed_to_csr(rows: np.ndarray, n_candidates: int, chunk: int = 65_536) -> sp.csr_matrix:
+def _valid_bits(n_candidates: int) -> np.ndarray:
+    """Per-byte mask of a packed signature row: every bit of a candidate, none of the padding past |V|."""
+    n_bytes = (n_candidates + 7) // 8
+    mask = np.full(n_bytes, 0xFF, dtype=np.uint8)
+    if n_candidates % 8:
+        mask[-1] = np.uint8((0xFF << (8 - n_candidates % 8)) & 0xFF)
+    return mask
+
+
+def signature_pairs(rows: np.ndarray, n_candidates: int, chunk: int = 65_536) -> np.ndarray:
+    """How many candidates each packed signature row holds (int64; padding bits past |V| not counted).
+
+    Their sum is the number of (signature, candidate) pairs of the incidence: what the driver's
+    matrices cost (about 10 bytes a pair: the CSR and the column view the coverage loop builds).
+    """
+    rows = np.asarray(rows, dtype=np.uint8)
+    mask = _valid_bits(n_candidates)
+    out = np.empty(rows.shape[0], dtype=np.int64)
+    for start in range(0, rows.shape[0], chunk):
+        out[start : start + chunk] = np.bitwise_count(rows[start : start + chunk] & mask).sum(axis=1, dtype=np.int64)
+    return out
+
+
+def _packed_to_csr(rows: np.ndarray, n_candidates: int, chunk: int = 65_536, lengths: np.ndarray | None = None) -> sp.csr_matrix:
     """Incidence matrix of packed-bitset signatures given as a (rows x ceil(|V|/8)) uint8 array.
 
     The same matrix as ``_keys_to_csr`` of the rows' bytes (bits past ``n_candidates`` ignored), built
     from the non-zero BYTES only: a signature holds a few candidates of |V|, so the bits are expanded
-    for those bytes and never for the whole (rows x |V|) bit matrix. Chunked: bounded memory.
+    for those bytes and never for the whole (rows x |V|) bit matrix. Chunked, and the index array is
+    allocated once at its final size (``lengths``: ``signature_pairs`` of the rows, counted here if not
+    given), so the driver holds the packed rows, the matrix and one chunk's temporaries, no more.
     """
     n_bytes = (n_candidates + 7) // 8
     rows = np.asarray(rows, dtype=np.uint8)
     if rows.ndim != 2 or rows.shape[1] != n_bytes:
         raise ValueError(f"packed signatures must be (rows x {n_bytes}) bytes, got shape {rows.shape}")
     n_rows = rows.shape[0]
-    idx_dtype = np.int32 if n_rows * n_candidates < 2**31 - 1 else np.int64
-    indices_parts, lengths = [], np.zeros(n_rows, dtype=np.int64)
+    lengths = signature_pairs(rows, n_candidates, chunk) if lengths is None else np.asarray(lengths, dtype=np.int64)
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    nnz = int(indptr[-1])
+    idx_dtype = np.int32 if max(nnz, n_candidates) < 2**31 - 1 else np.int64
+    indices = np.empty(nnz, dtype=idx_dtype)
+    mask = _valid_bits(n_candidates)
     for start in range(0, n_rows, chunk):
-        block = rows[start : start + chunk]
+        block = rows[start : start + chunk] & mask
         r, b = np.nonzero(block)  # row-major: rows ascending, bytes ascending within a row
         bits = np.unpackbits(block[r, b][:, None], axis=1)  # big-endian: bit j of byte b is candidate 8 b + j
         i, j = np.nonzero(bits)
         cols = b[i].astype(np.int64) * 8 + j
-        keep = cols < n_candidates
-        cols, rr = cols[keep], r[i][keep]
-        lengths[start : start + block.shape[0]] = np.bincount(rr, minlength=block.shape[0])
-        indices_parts.append(cols.astype(idx_dtype))
-    indptr = np.zeros(n_rows + 1, dtype=np.int64)
-    np.cumsum(lengths, out=indptr[1:])
-    indices = np.concatenate(indices_parts) if indices_parts else np.zeros(0, dtype=idx_dtype)
-    return sp.csr_matrix((np.ones(indices.size, dtype=np.int8), indices, indptr.astype(idx_dtype)),
+        lo, hi = int(indptr[start]), int(indptr[start + block.shape[0]])
+        if cols.size != hi - lo:
+            raise ValueError("packed signature rows do not hold the pair counts given")
+        indices[lo:hi] = cols
+    return sp.csr_matrix((np.ones(nnz, dtype=np.int8), indices, indptr.astype(idx_dtype)),
                          shape=(n_rows, n_candidates))
 
 
@@ -146,6 +173,10 @@ def _collected_signatures(table, n_bytes: int) -> tuple[np.ndarray, np.ndarray]:
 
 # Re-persist the uncovered points once at most this fraction of the persisted set is uncovered.
 SHRINK_FRACTION = 0.5
+
+# Default bound on the (signature, candidate) pairs of one collected histogram (``max_pairs``): the
+# driver's incidence costs about 10 bytes a pair (CSR and column view), so about 320 MB here.
+MAX_PAIRS = 32_000_000
 
 # Thresholds one pass may read at most (a group; see SparkCoverage), and how many the first pass reads.
 GROUP_MAX = 8
@@ -180,17 +211,20 @@ class SparkCoverage:
     """
 
     def __init__(self, df, columns: list[str], candidates, thresholds, p: int, max_signatures: int,
-                 counter: PassCounter | None = None, timings: dict | None = None):
+                 counter: PassCounter | None = None, timings: dict | None = None, max_pairs: int | None = None):
         self.df = df
         self.columns = list(columns)
         self.candidates = np.ascontiguousarray(candidates, dtype=np.float64)
         self.thresholds = np.asarray(thresholds, dtype=np.float64).reshape(-1)
         self.p = int(p)
         self.max_signatures = int(max_signatures)
+        self.max_pairs = MAX_PAIRS if max_pairs is None else int(max_pairs)
         self.counter = counter or PassCounter()
         self.timings = timings
         self.fallback_thresholds: list[int] = []  # thresholds whose histogram stayed on the executors
         self.histogram_sizes: list[int] = []
+        self.histogram_pairs: list[int] = []  # (signature, candidate) pairs of each collected histogram (-1: spilled)
+        self.pair_spills: list[int] = []  # thresholds that stayed on the executors for their pairs (max_pairs)
         self.shrinks: list[int] = []  # thresholds whose pass read a re-persisted, smaller set
         self.skipped: list[int] = []  # thresholds with no pass: every point was covered already
         self.grouped: list[int] = []  # thresholds with no pass: their histogram came from a group's pass
@@ -293,7 +327,8 @@ class SparkCoverage:
         table = hist.limit(limit + 2).toArrow()  # + 1 for the empty signature
         self.counter.add("signature histogram")
         self._retire()
-        n_bytes = (self.candidates.shape[0] + 7) // 8
+        n_cand = self.candidates.shape[0]
+        n_bytes = (n_cand + 7) // 8
         rows, counts = _collected_signatures(table, group * n_bytes)
         del table
         nonempty = int(rows.any(axis=1).sum())
@@ -301,18 +336,23 @@ class SparkCoverage:
             detail("maxcover: thresholds %d-%d read together have more than %d distinct keys; threshold %d's "
                    "histogram is taken from theirs", i + 1, i + group, limit, i + 1)
             self.regrouped.append(i)
-            single = (hist.select(F.substring(F.col("sig"), 1, n_bytes).alias("sig"), F.col("n"))
-                      .groupBy("sig").agg(F.sum("n").alias("n"))
-                      .persist(StorageLevel.MEMORY_AND_DISK))
-            table = single.limit(self.max_signatures + 2).toArrow()
-            self.counter.add_histogram_job("group histogram, first threshold")
-            hist.unpersist()
-            hist, group, limit = single, 1, self.max_signatures
+            hist, table = self._first_threshold_of(hist, n_bytes, collect=self.max_signatures + 2)
+            group, limit = 1, self.max_signatures
             rows, counts = _collected_signatures(table, n_bytes)
             del table
             nonempty = int(rows.any(axis=1).sum())
         if nonempty > limit:
             return hist, None
+        first = _group_histogram(rows, counts, n_bytes, 0, i, ())
+        lengths = signature_pairs(first[0], n_cand)
+        pairs = int(lengths.sum())
+        if pairs > self.max_pairs:
+            # Too many (signature, candidate) pairs for the driver's incidence: the histogram stays on the
+            # executors, as one with too many signatures does (same picks: exact scores per pick).
+            detail("maxcover: threshold %d's histogram has more than max_pairs=%d (signature, candidate) pairs; "
+                   "it stays on the executors", i + 1, self.max_pairs)
+            self.pair_spills.append(i)
+            return (self._first_threshold_of(hist, n_bytes)[0] if group > 1 else hist), None
         hist.unpersist()
         self._saw_uncovered(int(counts.sum()))
         # the next pass's group, from this one's size (how many keys the data has: operational only)
@@ -320,9 +360,30 @@ class SparkCoverage:
         self._group = int(max(1, min(GROUP_MAX, math.isqrt(max(1, self.max_signatures // (2 * per))))))
         if self.regrouped and self.regrouped[-1] == i:  # the group did not fit: the next pass reads one
             self._group = 1
-        if group > 1:
-            self._joint = (i, group, tuple(covered_picks), rows, counts)
-        return None, _group_histogram(rows, counts, n_bytes, 0, i, ())
+        # The group's later thresholds whose part of the joint keys holds at most max_pairs pairs (their
+        # histograms hold no more: ascending thresholds, so the fitting ones are a prefix).
+        fits = 1
+        while fits < group and int(signature_pairs(rows[:, fits * n_bytes : (fits + 1) * n_bytes], n_cand).sum()) <= self.max_pairs:
+            fits += 1
+        if fits > 1:
+            self._joint = (i, fits, tuple(covered_picks), rows, counts)
+        del rows
+        return None, first + (lengths,)
+
+    def _first_threshold_of(self, hist, n_bytes: int, collect: int | None = None):
+        """One job over a group's persisted histogram: the first threshold's part of each key, counts added
+        per part (that threshold's histogram, read from the group's, not from the data), persisted; with
+        ``collect``, that job also collects its first ``collect`` rows (an Arrow table, else None)."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        single = (hist.select(F.substring(F.col("sig"), 1, n_bytes).alias("sig"), F.col("n"))
+                  .groupBy("sig").agg(F.sum("n").alias("n"))
+                  .persist(StorageLevel.MEMORY_AND_DISK))
+        table = single.limit(collect).toArrow() if collect is not None else single.count()  # materialized ...
+        self.counter.add_histogram_job("group histogram, first threshold")
+        hist.unpersist()  # ... before the group's histogram goes
+        return single, (table if collect is not None else None)
 
     def _group_size(self) -> int:
         """Thresholds the next pass reads: at most ``max_signatures`` // the points the last histogram saw
@@ -453,18 +514,23 @@ class SparkCoverage:
                 self._joint = None
                 spilled, hist = self.histogram(i, covered_picks, self._group_size())
                 if hist is None:
-                    detail(  # how many signatures the data has: NON-PRIVATE, the operator's log in an accounted run
-                        "maxcover: threshold %d has more than max_signatures=%d distinct cover signatures; its "
-                        "histogram stays on the executors and each pick runs one job over it", i + 1, self.max_signatures,
-                    )
+                    if not (self.pair_spills and self.pair_spills[-1] == i):
+                        detail(  # how many signatures the data has: NON-PRIVATE, the operator's log in an accounted run
+                            "maxcover: threshold %d has more than max_signatures=%d distinct cover signatures; its "
+                            "histogram stays on the executors and each pick runs one job over it", i + 1, self.max_signatures,
+                        )
                     self._spilled = spilled
                     self._group = 1
                     self.fallback_thresholds.append(i)
                     self.histogram_sizes.append(-1)
+                    self.histogram_pairs.append(-1)
                     return PerPickScores(lambda threshold_picks: self.spilled_scores(i, threshold_picks))
-        rows, counts, empty = hist
+        rows, counts, empty = hist[:3]
+        lengths = hist[3] if len(hist) > 3 else signature_pairs(rows, n_cand)
         self.histogram_sizes.append(int(rows.shape[0]))
-        incidence = _packed_to_csr(rows, n_cand)
+        self.histogram_pairs.append(int(lengths.sum()))
+        incidence = _packed_to_csr(rows, n_cand, lengths=lengths)
+        del hist, rows
         self._last_hist = (i, tuple(covered_picks), incidence, counts, empty)
         return incidence, counts
 
