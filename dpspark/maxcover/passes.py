@@ -25,8 +25,9 @@ Passes (each one Spark job over the data):
   key; each partition counts its keys in a dict, Spark sums the counts per key
   (``groupBy(sig).sum(n)``) and the result is persisted. At most
   ``max_signatures + 1`` rows are collected, so the driver never holds more
-  than the bound; when a threshold has more distinct signatures than that, its
-  histogram STAYS on the executors and every pick of the threshold runs one
+  than the bound; when a threshold has more distinct signatures than that (or its
+  signatures hold more than ``max_pairs`` (signature, candidate) pairs, the size of the
+  driver's incidence), its histogram STAYS on the executors and every pick of the threshold runs one
   small job over the persisted histogram (:meth:`SparkCoverage.spilled_scores`,
   ``kernels.histogram_score_aggregator``), never over the data again. So every
   threshold reads the data at most once, whatever n and d.
@@ -198,7 +199,8 @@ class SparkCoverage:
     ``candidates`` the public candidates in unit space, ``thresholds`` on the cost
     scale d^p. Calling it for threshold i runs ONE Spark pass over the data and returns
     the signature histogram as (CSR incidence, int64 counts). If the histogram has more
-    than ``max_signatures`` distinct signatures it stays persisted on the executors and
+    than ``max_signatures`` distinct signatures, or more than ``max_pairs`` (signature, candidate)
+    pairs (public bounds on what the driver holds, whatever the data), it stays persisted on the executors and
     a ``PerPickScores`` is returned: each pick then runs one job over that histogram
     (same picks, same draws).
 
