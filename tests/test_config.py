@@ -203,3 +203,20 @@ def test_auto_privacy_plan_from_public_inputs(dim, objective, delta, spends):
     cfg = validate(raw)
     assert cfg.algorithm.name == "auto" and cfg.privacy.delta == delta
     assert estimator_class("auto").from_config(cfg).privacy_plan() == spends
+
+
+@pytest.mark.parametrize("value, message", [(0, "must be >= 1"), ("x", "must be an integer"), (True, "must be an integer"),
+                                            (1.5, "must be an integer"), (10**13, "must be <="), (5000, None)])
+def test_max_pairs_is_checked_before_anything_runs(value, message):
+    """maxcover's driver bound on incidence pairs: an integer from 1 to 10^12, or exit 2 naming the key."""
+    raw = base()
+    raw["privacy"]["delta"] = 1e-6
+    raw["algorithm"] = {"name": "maxcover", "k": 3, "max_pairs": value}
+    if message is None:
+        assert validate(raw).algorithm.params.max_pairs == 5000
+        raw["algorithm"].pop("max_pairs")
+        assert validate(raw).algorithm.params.max_pairs == 32_000_000
+        return
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert err.value.key == "algorithm.max_pairs" and message in str(err.value)

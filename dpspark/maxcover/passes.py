@@ -305,9 +305,10 @@ class SparkCoverage:
         """One pass over thresholds i .. i + group - 1 (one key per point: its signatures at each, end to end).
 
         Returns (persisted histogram, None) when threshold i has more than ``max_signatures``
-        non-empty signatures (it stays on the executors); else (None, threshold i's (packed rows,
-        counts, empty-signature count)), and a group's joint rows are kept for its later thresholds
-        (``_from_group``). A group with more than ``max_signatures // group`` keys (the bytes of one
+        non-empty signatures or more than ``max_pairs`` (signature, candidate) pairs (it stays on the
+        executors); else (None, threshold i's (packed rows, counts, empty-signature count, pairs per
+        row)), and a group's joint rows are kept for its later thresholds whose part of the keys holds
+        at most ``max_pairs`` pairs (``_from_group``). A group with more than ``max_signatures // group`` keys (the bytes of one
         full histogram) is not collected: one job over its persisted histogram keeps the first
         threshold's part of each key and adds the counts per part (threshold i's histogram, read
         from the group's, not from the data), and the group's other thresholds get their own passes.
@@ -382,10 +383,14 @@ class SparkCoverage:
         single = (hist.select(F.substring(F.col("sig"), 1, n_bytes).alias("sig"), F.col("n"))
                   .groupBy("sig").agg(F.sum("n").alias("n"))
                   .persist(StorageLevel.MEMORY_AND_DISK))
-        table = single.limit(collect).toArrow() if collect is not None else single.count()  # materialized ...
+        table = None
+        if collect is None:
+            single.count()  # materialized before the group's histogram goes
+        else:
+            table = single.limit(collect).toArrow()
         self.counter.add_histogram_job("group histogram, first threshold")
-        hist.unpersist()  # ... before the group's histogram goes
-        return single, (table if collect is not None else None)
+        hist.unpersist()
+        return single, table
 
     def _group_size(self) -> int:
         """Thresholds the next pass reads: at most ``max_signatures`` // the points the last histogram saw
