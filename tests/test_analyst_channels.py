@@ -94,6 +94,35 @@ def test_a_ledgered_run_shows_the_analyst_no_operational_numbers(spark, tmp_path
     assert Ledger(spark, ledger_path).totals(key).spent_epsilon == pytest.approx(1.0)
 
 
+def test_a_histogram_kept_on_the_executors_for_its_pairs_is_shown_to_the_operator_only(spark, tmp_path, write_delta,
+                                                                                     monkeypatch, capsys):
+    """maxcover with max_pairs=1: every non-trivial histogram stays on the executors for its pairs (how
+    many the data has: NON-PRIVATE). The analyst's stderr, --json line and output.path show none of it;
+    the operator record has the line, the thresholds and the pair counts."""
+    path = write_delta(points_frame(40))
+    ledger_path = str(tmp_path / "ledger")
+    key = set_budget(spark, ledger_path, path, epsilon=5.0, delta=1e-5)
+    oplog = tmp_path / "operator"
+    monkeypatch.setenv("DPSPARK_OPERATOR_LOG", str(oplog))
+    cfg, c = make_config(tmp_path, path, **{
+        "algorithm": {"name": "maxcover", "k": 3, "candidates": "grid", "candidate_count": 16, "max_pairs": 1,
+                      "coverage_approx": 0.9},
+        "privacy.delta": 1e-6, "privacy.ledger": ledger_path, "output.report": False, **NO_SEED})
+    capsys.readouterr()
+    assert main(["run", "--config", cfg, "--run-id", "acc2", "--json"], spark=spark) == 0
+    captured = capsys.readouterr()
+    assert "max_pairs" not in captured.err and "histogram job" not in captured.err and "pairs" not in captured.out
+    everything = _all_text(c["output"]["path"])
+    for word in ("histogram_pairs", "thresholds_spilled_for_pairs", "stays on the executors"):  # max_pairs itself is public
+        assert word not in everything, word
+    ops = read_operator_record(spark, "acc2", 1)["operational"]
+    assert ops["thresholds_spilled_for_pairs"] and ops["histogram_pairs"]
+    assert ops["thresholds_spilled_for_pairs"] == [i + 1 for i, v in enumerate(ops["histogram_pairs"]) if v == -1]
+    log = "\n".join(read_operator_record(spark, "acc2", 1)["log"])
+    assert "max_pairs=1" in log and "histogram job" in log
+    assert Ledger(spark, ledger_path).totals(key).spent_epsilon == pytest.approx(1.0)
+
+
 def test_an_unaccounted_run_keeps_its_step_durations_on_stderr(spark, tmp_path, write_delta, monkeypatch, capsys):
     """No ledger: the analyst could repeat the run at will; the log is as it always was (bench_scale
     parses "done in" lines of ledger-less runs)."""
