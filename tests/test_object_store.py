@@ -128,6 +128,47 @@ def test_a_second_writer_of_one_commit_file_fails(spark, s3, tmp_path, where):
     fs.delete(fresh, False)
 
 
+def test_only_the_answers_status_or_error_code_means_the_commit_file_exists(spark):
+    """ExclusiveCreateLogStore.existsAnswer decides "already exists" (Delta retries on the next version)
+    from the S3 answer's HTTP status (412, 409) or its exact AWS error code, anywhere in the cause chain,
+    never from an error's text: version 412's commit file is 00000000000000000412.json, and an I/O
+    error naming it that became a retry could charge the ledger twice."""
+    jvm = spark._jvm
+    exists = jvm.io.dpspark.delta.ExclusiveCreateLogStore.existsAnswer
+    s3 = jvm.software.amazon.awssdk.services.s3.model
+    details = jvm.software.amazon.awssdk.awscore.exception.AwsErrorDetails
+    commit = "s3a://b/ledger/_delta_log/00000000000000000412.json"
+
+    def answer(status, code=None, message=f"PUT {commit}: 412 PreconditionFailed Precondition Failed"):
+        builder = s3.S3Exception.builder().statusCode(status).message(message)
+        if code is not None:
+            builder = builder.awsErrorDetails(details.builder().errorCode(code).build())
+        return builder.build()
+
+    def wrapped(cause):  # as S3A hands it on: an IOException caused by the SDK's exception
+        return jvm.java.io.IOException(f"failed to write {commit}", cause)
+
+    # A message that names version 412 (or spells the code out) is not an answer.
+    assert not exists(jvm.java.io.IOException(f"failed to write {commit}"))
+    assert not exists(jvm.java.io.IOException(f"{commit}: 412 Precondition Failed PreconditionFailed "
+                                              "ConditionalRequestConflict"))
+    assert not exists(wrapped(jvm.java.io.IOException(f"{commit} 412")))
+    # The status of the SDK's exception, anywhere in the chain; hadoop-aws's translations carry it too.
+    assert exists(wrapped(answer(412)))
+    assert exists(wrapped(answer(409)))
+    assert exists(answer(412))
+    assert exists(jvm.org.apache.hadoop.fs.s3a.AWSServiceIOException(f"PUT {commit}", answer(409)))
+    assert exists(jvm.org.apache.hadoop.fs.s3a.RemoteFileChangedException(commit, "PUT", "", answer(412)))
+    for status in (500, 403, 404, 400, 503):
+        assert not exists(wrapped(answer(status))), status
+        assert not exists(jvm.org.apache.hadoop.fs.s3a.AWSServiceIOException(f"PUT {commit}", answer(status))), status
+    # The exact AWS error code (S3A: a PreconditionFailed answer with status 200), never a part of one.
+    assert exists(wrapped(answer(200, "PreconditionFailed")))
+    assert exists(wrapped(answer(200, "ConditionalRequestConflict")))
+    assert not exists(wrapped(answer(500, "InternalError")))
+    assert not exists(wrapped(answer(200, "PreconditionFailedX")))
+
+
 DRIVERS, CAP = 4, 2.0  # 4 JVMs: the race takes about 2 min alone on 2 cores (6 took 3.6)
 SAFE_ROUNDS = ("s3a://lake/race-0", "s3a://lake/race-1")  # dpspark's log store
 UNSAFE_ROUNDS = ("s3://lake/race-2",)  # the same bucket, Delta's default S3 log store

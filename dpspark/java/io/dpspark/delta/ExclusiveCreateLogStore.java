@@ -14,6 +14,20 @@
  *    (fs.s3a.create.conditional.enabled=false) that cannot honour it fails the commit, never
  *    writes it unconditionally. A 412 (or 409, a concurrent conditional write) answer is the
  *    FileAlreadyExistsException Delta expects, and Delta retries on the new version.
+ *    existsAnswer() decides "already exists" from the answer itself, never from an error's text
+ *    (version 412's file is 00000000000000000412.json: an I/O error naming it must stay an error,
+ *    or Delta would retry a commit that may have been written, charging the ledger twice). Walking
+ *    the cause chain, an error is "already exists" when one link
+ *      - has a public no-arg statusCode() (the AWS SDK v2's AwsServiceException/S3Exception,
+ *        hadoop-aws's AWSServiceIOException/AWSS3IOException; called reflectively, so this class
+ *        compiles against delta-storage and hadoop-client-api only) answering 412 or 409;
+ *      - is hadoop-aws's RemoteFileChangedException (by class name), S3A's translation of a 412
+ *        and of an error response whose AWS error code is PreconditionFailed (status 200, e.g. a
+ *        multipart completion); or
+ *      - has awsErrorDetails().errorCode() (reflectively) equal to exactly "PreconditionFailed" or
+ *        "ConditionalRequestConflict", S3's error codes for those answers.
+ *    Anything else (another status, an error without one, a message that merely mentions 412) is
+ *    rethrown as it is.
  *  - file:: the content goes to a temporary file beside the target, then a hard link to the
  *    target name (link(2) fails with EEXIST when the target exists).
  * Any other scheme is refused (UnsupportedOperationException): configure it for s3a and file only.
@@ -103,20 +117,51 @@ public class ExclusiveCreateLogStore extends HadoopFileSystemLogStore {
         }
     }
 
-    /** A 412 Precondition Failed (the object exists) or 409 (a concurrent conditional write) anywhere in the chain. */
-    private static boolean existsAnswer(Throwable error) {
-        for (Throwable t = error; t != null; t = t.getCause()) {
-            String name = t.getClass().getName();
-            String text = String.valueOf(t.getMessage());
-            if (name.endsWith("RemoteFileChangedException") || text.contains("412") || text.contains("PreconditionFailed")
-                    || text.contains("Precondition Failed") || text.contains("ConditionalRequestConflict")) {
+    /** HTTP answers to a conditional PUT that mean "the commit file exists": 412 Precondition Failed, 409 Conflict. */
+    static boolean existsStatus(int status) {
+        return status == 412 || status == 409;
+    }
+
+    /** S3's error codes for those answers (compared whole, never searched for in a message). */
+    static boolean existsErrorCode(String code) {
+        return "PreconditionFailed".equals(code) || "ConditionalRequestConflict".equals(code);
+    }
+
+    /**
+     * True when the conditional create failed because the commit file exists (see the header): a link
+     * of the cause chain with a 412/409 statusCode(), a RemoteFileChangedException, or the exact AWS
+     * error code PreconditionFailed/ConditionalRequestConflict. Never decided from message text.
+     */
+    public static boolean existsAnswer(Throwable error) {
+        java.util.Set<Throwable> seen = java.util.Collections.newSetFromMap(new java.util.IdentityHashMap<>());
+        for (Throwable t = error; t != null && seen.add(t); t = t.getCause()) {
+            if (t.getClass().getName().equals("org.apache.hadoop.fs.s3a.RemoteFileChangedException")) {
                 return true;
             }
-            if (t.getCause() == t) {
-                break;
+            Object status = callNoArg(t, "statusCode");
+            if (status instanceof Integer && existsStatus((Integer) status)) {
+                return true;
+            }
+            Object details = callNoArg(t, "awsErrorDetails");
+            Object code = details == null ? null : callNoArg(details, "errorCode");
+            if (code instanceof String && existsErrorCode((String) code)) {
+                return true;
             }
         }
         return false;
+    }
+
+    /** The result of target's public no-arg instance method {@code name}, or null if it has none or it fails. */
+    private static Object callNoArg(Object target, String name) {
+        try {
+            java.lang.reflect.Method method = target.getClass().getMethod(name);
+            if (java.lang.reflect.Modifier.isStatic(method.getModifiers())) {
+                return null;
+            }
+            return method.invoke(target);
+        } catch (ReflectiveOperationException | RuntimeException | LinkageError e) {
+            return null;
+        }
     }
 
     @Override
