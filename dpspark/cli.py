@@ -5,6 +5,7 @@
     dpspark advance --config conf/ldp-ingest.yaml      # ldp ingest mode: publish the next round
     dpspark ledger show --ledger PATH [--input TABLE] [--run-id ID] [--status S,...] [--since T] [--until T] [--last N] [--json]
     dpspark ledger set-budget --ledger PATH --input TABLE --epsilon E --delta D [--guarantee central|local]
+    dpspark ledger set-public --ledger PATH --table TABLE [--note TEXT]
 
 Exit codes: 0 success (also: the run id already succeeded, nothing done); 2 invalid config or
 arguments (reported before Spark starts, naming the key and what is allowed); 3 refused by the
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--input", default=None, help="only this input table (any spelling of its path)")
     show.add_argument("--run-id", default=None, metavar="ID", help="only the events of this run id")
     show.add_argument("--status", action="append", default=None, metavar="STATUS",
-                      help="only events with this status (repeatable, or a comma list): set-budget, started, charged, "
+                      help="only events with this status (repeatable, or a comma list): set-budget, set-public, started, charged, "
                            "fit_started, reused, succeeded, failed, killed, refused")
     show.add_argument("--since", default=None, metavar="TIME",
                       help="only events at or after TIME: an ISO 8601 date or timestamp, UTC unless it names an offset "
@@ -88,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     setb.add_argument("--guarantee", default="central", choices=("central", "local"),
                       help="which total the cap is for: central DP runs (default) or local DP (ldp) runs")
     setb.add_argument("--note", default=None, help="why (recorded with the event)")
+    setp = lsub.add_parser("set-public", help="declare a table PUBLIC (e.g. a candidate table a config may name)",
+                           description="Declare a Delta table PUBLIC in this ledger: a config charged to the ledger "
+                                       "may then read it as public data (algorithm.candidate_table), and its rows may "
+                                       "come out verbatim in released centers. Only for tables that hold no personal "
+                                       "data; a table with a budget in the ledger is refused.")
+    setp.add_argument("--ledger", required=True, help="path of the ledger Delta table (created if missing)")
+    setp.add_argument("--table", required=True, help="the public table's path (any spelling)")
+    setp.add_argument("--note", default=None, help="why it is public (recorded with the event)")
     return parser
 
 
@@ -432,8 +441,18 @@ def _ledger_command(args, spark) -> int:
             from dpspark.session import build_session, uses_object_store
 
             spark = build_session(app_name="dpspark-ledger", small_job=True,  # a few small-table operations
-                                  object_store=uses_object_store(args.ledger, getattr(args, "input", None)))
+                                  object_store=uses_object_store(args.ledger, getattr(args, "input", None),
+                                                                 getattr(args, "table", None)))
         ledger = Ledger(spark, tables.qualify(args.ledger))
+        if args.ledger_command == "set-public":
+            key = tables.ledger_key_of(spark, args.table, "delta")
+            try:
+                ledger.set_public(key, table_seen=tables.qualify(args.table), note=args.note)
+            except ValueError as exc:
+                return invalid(f"--table: {exc}")
+            print(f"ledger {ledger.path}: table {tables.qualify(args.table)} (key {key}) declared PUBLIC: configs charged "
+                  "to this ledger may read it as public data (e.g. algorithm.candidate_table)")
+            return EXIT_OK
         if args.ledger_command == "set-budget":
             key = tables.ledger_key_of(spark, args.input)
             totals = ledger.set_budget(key, args.epsilon, args.delta, guarantee=args.guarantee,
@@ -459,11 +478,14 @@ def _print_ledger(args, ledger, key, selection: dict, described: list) -> int:
     from dpspark.privacy.ledger import utc_iso
 
     balances, events = ledger.balances(key), ledger.events(key, **selection)
+    public = [p for p in ledger.public_tables() if key is None or p["table_key"] == key]
     if args.json:
         events = [{**e, "updated_at": utc_iso(e.get("updated_at"))} for e in events]
-        print(json.dumps({"ledger": ledger.path, "balances": balances, "events": events}, default=str))
+        public = [{**p, "updated_at": utc_iso(p.get("updated_at"))} for p in public]
+        print(json.dumps({"ledger": ledger.path, "balances": balances, "public_tables": public, "events": events},
+                         default=str))
     else:
-        print(format_ledger(ledger.path, balances, events, selection="; ".join(described) or None))
+        print(format_ledger(ledger.path, balances, events, selection="; ".join(described) or None, public=public))
     return EXIT_OK
 
 
@@ -491,7 +513,8 @@ def _g(value) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def format_ledger(path: str, balances: list[dict], events: list[dict], selection: str | None = None) -> str:
+def format_ledger(path: str, balances: list[dict], events: list[dict], selection: str | None = None,
+                  public: list[dict] | None = None) -> str:
     """``dpspark ledger show``'s text: balances, then the events (times in UTC, ``...Z``); a refused
     run's event says what it asked for and what its budget had left. ``selection``: how the events
     were selected (``--run-id``, ``--status``, ...), said in their heading."""
@@ -506,13 +529,23 @@ def format_ledger(path: str, balances: list[dict], events: list[dict], selection
         lines.append(f"  {b['input_seen'] or b['input_key']}  [{b['guarantee']}]  key {b['input_key']}")
         lines.append(f"      cap epsilon={_g(b['cap_epsilon'])} delta={_g(b['cap_delta'])}   spent epsilon={_g(b['spent_epsilon'])} "
                      f"delta={_g(b['spent_delta'])}   remaining epsilon={_g(b['remaining_epsilon'])} delta={_g(b['remaining_delta'])}")
+    if public:
+        lines += ["", "public tables (declared by `dpspark ledger set-public`; configs may read them as public data):"]
+        for p in public:
+            when = p.get("updated_at")
+            when = utc_iso(when, "seconds") if isinstance(when, datetime) else str(when)[:19]
+            lines.append(f"  {p['table_seen'] or p['table_key']}  key {p['table_key']}  by {p.get('actor')} {when}"
+                         + (f"  ({p['note']})" if p.get("note") else ""))
     lines += ["", f"events (oldest first{'; only ' + selection if selection else ''}; times UTC):"]
     if not events:
         lines.append("  (none)")
     for e in events:
         when = e.get("updated_at")
         when = utc_iso(when, "seconds") if isinstance(when, datetime) else str(when)[:19]
-        if e["kind"] == "admin":
+        if e["kind"] == "admin" and e["status"] == "set-public":
+            lines.append(f"  {when}  {e['status']:<10} by {e.get('actor')}  table {e.get('input_seen') or e['input_path']}"
+                         + (f"  ({e['note']})" if e.get("note") else ""))
+        elif e["kind"] == "admin":
             lines.append(f"  {when}  {e['status']:<10} {e.get('guarantee') or 'central'} cap epsilon={_g(e.get('cap_epsilon'))} "
                          f"delta={_g(e.get('cap_delta'))} by {e.get('actor')}  input {e.get('input_seen') or e['input_path']}"
                          + (f"  ({e['note']})" if e.get("note") else ""))

@@ -444,9 +444,26 @@ def validate(raw: dict) -> Config:
         app_name=sp.string("app_name", "dpspark"),
         conf=tuple(sorted((str(a), _spark_value(b)) for a, b in conf.items())),
     )
-    return Config(input=input_cfg, domain=domain_cfg, privacy=privacy_cfg, algorithm=algorithm_cfg,
-                  output=output_cfg, seed=seed, diagnostics=diagnostics, spark=spark_cfg,
-                  unsafe_fixed_seed=unsafe_fixed_seed)
+    config = Config(input=input_cfg, domain=domain_cfg, privacy=privacy_cfg, algorithm=algorithm_cfg,
+                    output=output_cfg, seed=seed, diagnostics=diagnostics, spark=spark_cfg,
+                    unsafe_fixed_seed=unsafe_fixed_seed)
+    _check_plan(config)
+    return config
+
+
+def _check_plan(config: Config) -> None:
+    """The family's own validation (its estimator's ``privacy_plan``, which the run calls again before
+    its charge), here before Spark starts: a config that the estimator would refuse is a config error
+    (exit 2), never a failure after the charge. ``auto`` validates the route it chooses."""
+    from dpspark.runner import estimator_class  # the estimators import this module's callers
+
+    try:
+        plan_eps, plan_delta = estimator_class(config.algorithm.name).from_config(config).privacy_plan()
+    except ValueError as exc:
+        raise ConfigError("algorithm", f"{config.algorithm.name} refuses this config: {exc}") from None
+    if plan_eps > config.privacy.epsilon * (1 + 1e-12) or plan_delta > config.privacy.delta * (1 + 1e-12):
+        raise ConfigError("privacy.epsilon", f"{config.algorithm.name} would spend epsilon={plan_eps:g}, delta={plan_delta:g}, "
+                                             f"over privacy.epsilon={config.privacy.epsilon:g}, privacy.delta={config.privacy.delta:g}")
 
 
 def _same_local_path(a: str, b: str) -> bool:

@@ -131,7 +131,8 @@ _FAMILY_OPTIONS = (
                                 "LSH-tree leaves, no delta) | grid_or_private (a noisy row count chooses; the "
                                 "default in d <= 3) (all charged) | grid | random | table (public)."),
     ("candidate_table", _T.toString, "path of a PUBLIC Delta table of candidate points (candidates=table); "
-                                     "its columns are named like the features."),
+                                     "its columns are named like the features. With a ledger, its administrator must "
+                                     "have declared it public (`dpspark ledger set-public`)."),
     ("candidate_count", _T.toInt, "grid/random: about this many candidates; private/tree: at most this many."),
     ("candidate_scales", _T.toInt, "private candidates: number of grid scales."),
     ("coverage_approx", _T.toFloat, "a in the coverage thresholds t_i = (1+a)^(i-1) Delta^p / N, in (0, 1)."),
@@ -144,8 +145,10 @@ _FAMILY_OPTIONS = (
     ("n_upper", _T.toInt, "PUBLIC upper bound on the number of points, for the first threshold "
                           "(never the data's n). Unset: the number of candidates."),
     ("solver", _T.toString, "post-processing solver: kmeans weighted_kmeans; kmedian local_search | weiszfeld."),
-    ("max_signatures", _T.toInt, "driver bound on one threshold's signature histogram."),
-    ("max_pairs", _T.toInt, "driver bound on the (signature, candidate) pairs of one threshold's histogram."),
+    ("max_signatures", _T.toInt, "driver bound on one threshold's signature histogram; at most the deployment's "
+                                 "ceiling $DPSPARK_MAX_SIGNATURES (unset: that ceiling, default 2000000)."),
+    ("max_pairs", _T.toInt, "driver bound on the (signature, candidate) pairs of one threshold's histogram; at most "
+                            "the deployment's ceiling $DPSPARK_MAX_PAIRS (unset: that ceiling, default 32000000)."),
     ("lloyd_share", _T.toFloat, "k-means: fraction of epsilon for one DP Lloyd step after the solve "
                                 "(default 0.5 with tree candidates, else 0)."),
     # dplloyd
@@ -491,7 +494,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
             preflight = getattr(family, "preflight", None)
             if preflight is not None:
                 with step("check the public inputs", a.timings):
-                    preflight(spark, a.input_key)
+                    preflight(spark, a.input_key, a.ledger)
             ready = getattr(family, "check_ready", None)
             if ready is not None:
                 try:
@@ -512,6 +515,8 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                 if found and found.group(1).split(".")[0] in _EXECUTOR_MODULES:
                     raise _executor_error(found.group(1).split(".")[0]) from None
                 raise
+            if a.ledger is not None:  # Connect re-resolves the path at each action: still the charged table?
+                tables.check_still_the_input(spark, tables.qualify(config.input.path), input_key)
             a.fitted(result.epsilon_spent, result.delta_spent)
             a.succeed()
             return result

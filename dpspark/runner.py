@@ -191,7 +191,7 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
     # Every public input is checked before the charge (a missing candidate table burns nothing).
     if preflight is not None:
         with step("check the public inputs", timings):
-            preflight(spark, a.input_key)
+            preflight(spark, a.input_key, a.ledger)
     # Families whose inputs arrive over time (ldp ingest mode) say here, before any charge,
     # whether the run can release; if not, nothing is charged or released (exit 1).
     if ready is not None:
@@ -205,6 +205,7 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
     a.start_fit()
     with step(f"{config.algorithm.name}: fit", timings, hide_inside=True):
         model = estimator.fit(table.df, timings=timings, operational=a.operational)
+    tables.check_still_the_input(spark, table.path, table.ledger_key)  # Connect re-resolves the path at each action
     a.fitted(model.epsilon_spent, model.delta_spent)
     diagnostics = _diagnostics(spark, model, table.df) if config.diagnostics else None
     a.record.update(charges=_json(model.charges),

@@ -259,6 +259,21 @@ def _open(spark, path: str, fmt: str, version: int | None, timestamp: str | None
     return InputTable(df=df, path=path, ledger_key=canonical_path(spark, path), version=None)
 
 
+def check_still_the_input(spark, path: str, ledger_key: str) -> None:
+    """After a fit, before anything is released: the Delta table at ``path`` is still the table the
+    run was charged for (``ledger_key``, its id). A Spark Connect server resolves a DataFrame's path
+    again at each action, so a table replaced at that path between the check and the fit (a new id)
+    was read instead of the charged one: nothing is released then (``SchemaError``). A Delta version
+    is immutable, so the same id read at the same pinned version is the same rows. Other keys (a
+    parquet/csv folder's path) are not checked."""
+    if not ledger_key.startswith("delta-table:"):
+        return
+    found = delta_snapshot(spark, path)
+    if found is None or f"delta-table:{found[1]}" != ledger_key:
+        raise SchemaError(f"the input table at {path!r} was replaced while the run read it (its Delta table id "
+                          "changed): what was read is not the table that was charged, so nothing is released")
+
+
 def ledger_key_of(spark, path: str, fmt: str | None = None) -> str:
     """The ledger key of the table at ``path`` (see ``InputTable``). ``fmt`` None: Delta if it is one.
 

@@ -347,6 +347,41 @@ def test_cli_run_with_a_ledger_writes_every_output(connect, data, tmp_path, caps
     assert [e["status"] for e in ledger.runs(data.key)] == ["started", "charged", "fit_started", "succeeded"]
 
 
+def test_a_table_replaced_between_the_check_and_the_fit_releases_nothing(connect, data, tmp_path, monkeypatch, capsys):
+    """A Connect server resolves the input's path again at each action: a table replaced at that path
+    after the charge (a new Delta table id) would be read by the fit instead of the charged one (issue
+    49). The run checks the id after the fit: nothing is released, and the replacement's rows never
+    reach an output. Fails without ``tables.check_still_the_input``: the run released centers of the
+    other table."""
+    from dpspark.cli import main
+    from dpspark.dplloyd.estimator import DPLloyd
+
+    table = str(tmp_path / "swapped")
+    connect.createDataFrame(data.pdf).repartition(1).write.format("delta").save(table)
+    key = tables.ledger_key_of(connect, table)
+    ledger_path = str(tmp_path / "ledger")
+    assert main(["ledger", "set-budget", "--ledger", ledger_path, "--input", table, "--epsilon", "3", "--delta", "0"],
+                spark=connect) == 0
+    far = data.pdf.assign(x=9.5, y=0.5)  # another table's rows: one far point, repeated
+    real_fit = DPLloyd.fit
+
+    def replaced_then_fit(self, df, **kwargs):
+        shutil.rmtree(table)
+        connect.createDataFrame(far).repartition(1).write.format("delta").save(table)
+        assert tables.ledger_key_of(connect, table) != key
+        return real_fit(self, df, **kwargs)
+
+    monkeypatch.setattr(DPLloyd, "fit", replaced_then_fit)
+    capsys.readouterr()
+    code = main(["run", "--config", _config(tmp_path, table, ledger_path), "--run-id", "swap", "--json"], spark=connect)
+    outcome = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 1 and outcome["status"] == "failed", outcome
+    out = str(tmp_path / "out")
+    assert not os.path.exists(os.path.join(out, "summary.json"))
+    assert not os.path.exists(os.path.join(out, "centers")) or connect.read.format("delta").load(out + "/centers").count() == 0
+    assert Ledger(connect, ledger_path).totals(key).spent_epsilon == pytest.approx(1.0)  # charged before the fit
+
+
 def test_what_needs_a_classic_session_is_refused_before_the_charge(connect, data, tmp_path, capsys):
     from dpspark.cli import main
 

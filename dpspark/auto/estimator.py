@@ -182,7 +182,18 @@ class AutoClustering:
             raise ValueError(f"objective={self.objective!r} should be one of {list(OBJECTIVES)}")
         if len(self.features) not in (1, self.domain.dim):
             raise ValueError(f"features={list(self.features)} should name {self.domain.dim} columns or one array column")
-        return choose(self.domain.dim, self.objective, float(self.delta))
+        route, why = choose(self.domain.dim, self.objective, float(self.delta))
+        if route == "maxcover":
+            # The route's own validation, before any charge: public inputs for which maxcover cannot
+            # run (its coverage loop's per-pick weight eps' > 1 at a large epsilon, a grid too large
+            # for a huge k) take the tree route, which runs with any of them.
+            try:
+                self._maxcover(None)._validated_params()
+            except ValueError as exc:
+                fallback = "tree_lloyd" if self.objective == "kmeans" else "tree_kmedian"
+                return fallback, (f"maxcover cannot run with these public inputs ({exc}); the tree route needs no delta "
+                                  "and takes any epsilon and k")
+        return route, why
 
     def privacy_plan(self) -> tuple[float, float]:
         """(epsilon, delta) that ``fit`` will spend: public, known before any data is read."""
@@ -208,9 +219,11 @@ class AutoClustering:
     def _maxcover(self, randomness: Randomness):
         from dpspark.maxcover.estimator import MaxCover
 
+        # candidate_count: the private cells keep at most this many, so at least k (the grid has
+        # max(1000, 40 k) points whatever it is)
         return MaxCover(k=self.k, epsilon=self.epsilon, delta=self.delta, domain=self.domain, features=self.features,
-                        objective=self.objective, candidates="grid_or_private", privacy_unit=self.privacy_unit, seed=self.seed,
-                        randomness=randomness)
+                        objective=self.objective, candidates="grid_or_private", candidate_count=max(1000, int(self.k)),
+                        privacy_unit=self.privacy_unit, seed=self.seed, randomness=randomness)
 
     def _tree(self, df, route: str, why: str, randomness: Randomness, timings: dict, operational: dict | None) -> ClusteringModel:
         unit_df, feature_names = tables.prepare_points(df, self.features, self.privacy_unit, self.domain, randomness.run_key)

@@ -56,9 +56,9 @@ from dpspark.maxcover import core
 from dpspark.maxcover.params import (CANDIDATE_MODES, CHARGED_MODES, CHOICE_SHARE, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC,
                                      GRID_PER_CLUSTER, MAX_GRID_POINTS, PRIVATE_MIN_SIGNAL, SOLVERS, MaxCoverParams, budget_split, choose_candidates,
                                      chosen_params, default_candidates, default_lloyd_share, default_solver,
-                                     MAX_LLOYD_SHARE)
+                                     MAX_LLOYD_SHARE, MAX_PAIRS_ENV, MAX_SIGNATURES_ENV, bounded)
 from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
-from dpspark.errors import SchemaError
+from dpspark.errors import ConfigError, SchemaError
 from dpspark.model import ClusteringModel
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
@@ -77,7 +77,7 @@ class MaxCover:
                  candidate_count: int = 1000, candidate_scales: int = 5, coverage_approx: float = 0.5,
                  eps_candidates: float | None = None, eps_coverage: float | None = None, eps_counts: float | None = None,
                  delta_candidates: float = 0.5, n_upper: int | None = None, solver: str | None = None,
-                 max_signatures: int = 2_000_000, max_pairs: int = 32_000_000, lloyd_share: float | None = None, privacy_unit: str | None = None,
+                 max_signatures: int | None = None, max_pairs: int | None = None, lloyd_share: float | None = None, privacy_unit: str | None = None,
                  seed: int | None = None, randomness: Randomness | None = None):
         self.k = k
         self.epsilon = epsilon
@@ -141,8 +141,11 @@ class MaxCover:
         if mode == "table" and not self.candidate_table:
             raise ValueError("candidates='table' needs candidate_table (path of a public Delta table)")
         for name in ("candidate_count", "candidate_scales", "max_signatures", "max_pairs"):
-            if not is_int(getattr(self, name), 1):
+            if not is_int(getattr(self, name), 1) and not (name.startswith("max_") and getattr(self, name) is None):
                 raise ValueError(f"{name}={getattr(self, name)!r} should be an integer >= 1")
+        # driver-memory bounds: None is the deployment's ceiling, a value above it is refused
+        max_signatures = bounded("max_signatures", self.max_signatures, MAX_SIGNATURES_ENV)
+        max_pairs = bounded("max_pairs", self.max_pairs, MAX_PAIRS_ENV)
         if mode != "table" and self.candidate_count < self.k:
             raise ValueError(f"candidate_count={self.candidate_count} should be >= k={self.k}")
         if not isinstance(self.coverage_approx, (int, float)) or not (0 < self.coverage_approx < 1):
@@ -190,7 +193,7 @@ class MaxCover:
             eps_candidates=float(split[0]), eps_coverage=float(split[1]), eps_counts=float(split[2]),
             delta_candidates=float(self.delta_candidates) if mode == "private" else 0.0,
             n_upper=None if self.n_upper is None else int(self.n_upper), solver=solver,
-            max_signatures=int(self.max_signatures), max_pairs=int(self.max_pairs), lloyd_share=float(lloyd_share),
+            max_signatures=max_signatures, max_pairs=max_pairs, lloyd_share=float(lloyd_share),
         )
         # grid_or_private: both branches must be valid (the grid's per-pick weight is the larger one)
         branches = [chosen_params(params, "grid", self.k)] if mode == "grid_or_private" else [params]
@@ -280,8 +283,11 @@ class MaxCover:
         return lloyd_move(centers_unit, noisy_counts, noisy_sums, lloyd_min_count(eps_lloyd, self.domain.dim, "su"),
                           self.domain)
 
-    def preflight(self, spark, input_key: str | None = None) -> None:
-        """Before any charge: the public candidate table exists, is readable, and is not the input itself."""
+    def preflight(self, spark, input_key: str | None = None, ledger=None) -> None:
+        """Before any charge: the public candidate table exists, is not the input itself and, in a run
+        charged to ``ledger``, was declared PUBLIC there by its administrator (``Ledger.is_public``:
+        ``dpspark ledger set-public``; a table with a budget never is), all from the table's Delta log
+        before any of its rows is read; then it is read (its rows may come out verbatim as centers)."""
         params = self._validated_params()
         if params.candidates != "table":
             return
@@ -292,6 +298,13 @@ class MaxCover:
         if input_key is not None and cand == input_key:
             raise SchemaError(f"algorithm.candidate_table={params.candidate_table!r} is the input table itself: "
                               "candidates must be PUBLIC")
+        if ledger is not None and not ledger.is_public(cand):
+            why = ("has a privacy budget in the ledger: it is private data, never candidates"
+                   if ledger.has_balance(cand) else "is not declared public in the ledger")
+            raise ConfigError("algorithm.candidate_table",
+                              f"{params.candidate_table!r} {why}. Candidate rows may be released verbatim, so in a run "
+                              f"charged to a ledger only a table its administrator declared public may be named: "
+                              f"`dpspark ledger set-public --ledger {ledger.path} --table {params.candidate_table}`")
         cand_mod.table_candidates(spark, params.candidate_table, self.features, self.domain)
 
     def resolve_candidates(self, params: MaxCoverParams, exact_rows, accountant: Accountant) -> tuple[MaxCoverParams, dict, dict]:

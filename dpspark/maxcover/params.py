@@ -33,12 +33,15 @@ key                    meaning                                                  
 ``lloyd_share``        kmeans: fraction of epsilon for one DP Lloyd step on the   tree: 0.5,
                        data after the solve (``MaxCover.polish``); eps_split     else 0
                        then divides the rest; kmedian: 0
-``max_signatures``     driver bound on the signature histogram of one threshold;  2000000
+``max_signatures``     driver bound on the signature histogram of one threshold;  $DPSPARK_MAX_
+                       at most the deployment's ceiling $DPSPARK_MAX_SIGNATURES   SIGNATURES, else
+                       (a config may only lower it);                              2000000
                        above it the histogram stays on the executors (one
                        small job per pick over it; no extra data pass)
-``max_pairs``          driver bound on the (signature, candidate) pairs of one    32000000
-                       threshold's histogram (its incidence: about 10 bytes a
-                       pair); above it, the same as above
+``max_pairs``          driver bound on the (signature, candidate) pairs of one    $DPSPARK_MAX_
+                       threshold's histogram (its incidence: about 10 bytes a     PAIRS, else
+                       pair); above it, the same as above; at most the            32000000
+                       deployment's ceiling $DPSPARK_MAX_PAIRS
 =====================  =========================================================  =================
 
 ``tree`` (private LSH-tree leaves, pure epsilon) takes the candidates' share of epsilon
@@ -79,6 +82,11 @@ DEFAULT_SPLIT_PRIVATE = (0.4, 0.3, 0.3)  # candidates, coverage, counts
 DEFAULT_SPLIT_PUBLIC = (0.0, 0.5, 0.5)
 MAX_GRID_POINTS = 1_000_000
 SPLIT_TOL = 1e-9
+# driver bounds' defaults and the variables of their deployment ceilings (``deployment_ceiling``)
+MAX_SIGNATURES_ENV = "DPSPARK_MAX_SIGNATURES"
+MAX_PAIRS_ENV = "DPSPARK_MAX_PAIRS"
+DEFAULT_MAX_SIGNATURES = 2_000_000
+DEFAULT_MAX_PAIRS = 32_000_000
 
 
 @dataclass(frozen=True)
@@ -94,14 +102,52 @@ class MaxCoverParams:
     delta_candidates: float = 0.5  # fraction of privacy.delta (private candidates only)
     n_upper: int | None = None
     solver: str = "weiszfeld"
-    max_signatures: int = 2_000_000
-    max_pairs: int = 32_000_000
+    max_signatures: int = DEFAULT_MAX_SIGNATURES
+    max_pairs: int = DEFAULT_MAX_PAIRS
     lloyd_share: float = 0.0  # fraction of epsilon for the last DP Lloyd step (k-means)
 
     @property
     def private_candidates(self) -> bool:
         """The candidates come from the data (charged): ``private`` or ``tree``."""
         return self.candidates in CHARGED_MODES
+
+
+# Driver-memory bounds whose ceiling is the DEPLOYMENT's (an environment variable of the driver, set by
+# the administrator; no config key or Param can set it): a config or a Python call may only lower
+# them. Above its bound a threshold's histogram stays on the executors (same picks), so these bound
+# the driver's memory by public values; an analyst who could raise them could make success after the
+# charge depend on the data's signature structure (an out-of-memory driver), like
+# spark.driver.maxResultSize, which configs may not set either. Unset: these defaults.
+_BOUND_LIMITS = {MAX_SIGNATURES_ENV: (DEFAULT_MAX_SIGNATURES, 10**9), MAX_PAIRS_ENV: (DEFAULT_MAX_PAIRS, 10**12)}
+
+
+def deployment_ceiling(env: str) -> int:
+    """The deployment's ceiling of a driver bound: ``$env`` (a whole number >= 1), else its default.
+    A malformed value is the deployment's mistake: refused (``ConfigError`` naming the variable)."""
+    import os
+
+    default, high = _BOUND_LIMITS[env]
+    text = os.environ.get(env)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = int(text.strip().replace("_", ""))
+    except ValueError:
+        value = 0
+    if not 1 <= value <= high:
+        raise ConfigError(f"${env}", f"the deployment's ceiling must be a whole number from 1 to {high}, got {text!r}")
+    return value
+
+
+def bounded(name: str, value, env: str) -> int:
+    """A configured driver bound (None: the deployment's ceiling), refused above the ceiling."""
+    ceiling = deployment_ceiling(env)
+    if value is None:
+        return ceiling
+    if value > ceiling:
+        raise ConfigError(f"algorithm.{name}", f"{value} is above the deployment's ceiling {ceiling} (${env}, set by the "
+                                               "administrator): a config may only lower this driver-memory bound")
+    return int(value)
 
 
 TREE_DEFAULT_MIN_DIM = 4
@@ -308,8 +354,8 @@ def validate_params(section, *, objective: str, k: int, dim: int, privacy) -> Ma
         )
     n_upper = section.integer("n_upper", None, low=1, high=10**15)
     solver = section.string("solver", default_solver(objective, candidates), choices=SOLVERS[objective])
-    max_signatures = section.integer("max_signatures", 2_000_000, low=1, high=10**9)
-    max_pairs = section.integer("max_pairs", 32_000_000, low=1, high=10**12)
+    max_signatures = bounded("max_signatures", section.integer("max_signatures", None, low=1, high=10**9), MAX_SIGNATURES_ENV)
+    max_pairs = bounded("max_pairs", section.integer("max_pairs", None, low=1, high=10**12), MAX_PAIRS_ENV)
     return MaxCoverParams(
         candidates=candidates, candidate_table=table, candidate_count=count, candidate_scales=scales,
         coverage_approx=a, eps_candidates=eps_cand, eps_coverage=eps_cov, eps_counts=eps_cnt,

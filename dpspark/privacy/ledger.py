@@ -8,7 +8,11 @@ Rows (one table; column ``kind`` tells them apart):
   ``local`` (replace-one local DP of the ldp family, whose output also uses the exact number of
   reports). The two are different currencies and are never added together: each has its own cap
   and its own total.
-- ``admin``: an append-only log of administrative events (``set-budget``, who and when);
+- ``admin``: an append-only log of administrative events (``set-budget``, ``set-public``, who and when);
+- ``public``: one row per table the administrator declared PUBLIC (``set_public``, the ``dpspark
+  ledger set-public`` command): a table a config may read as public data (maxcover's
+  ``algorithm.candidate_table``), whose rows may come out verbatim. A table with a balance row (a
+  budget, in either guarantee) is never public, whatever its ``public`` row says (``is_public``);
 - ``run``: an append-only log of run events: ``started``, ``charged`` (with the epsilon and
   delta charged), ``fit_started`` (written before the attempt reads any private value), ``reused``
   (a retry that takes over the charge of an attempt that ended before ``fit_started``, see the
@@ -101,7 +105,7 @@ REL_TOL = 1e-12
 MAX_ATTEMPTS = 40
 NOT_PRIVATE_NOTE = "NOT PRIVATE (fixed seed)"
 # Every status an event (kind ``run`` or ``admin``) can have, for ``events(statuses=...)``.
-EVENT_STATUSES = ("set-budget", "started", "charged", "fit_started", "reused", "succeeded", "failed", "killed",
+EVENT_STATUSES = ("set-budget", "set-public", "started", "charged", "fit_started", "reused", "succeeded", "failed", "killed",
                   "refused")
 
 # The ledger holds a few rows per run. Spark's and Delta's defaults (200 shuffle partitions,
@@ -144,6 +148,11 @@ def _balance_id(input_key: str, guarantee: str = "central") -> str:
     # NUL cannot appear in a path or a table id, so no key's central id equals another key's local id.
     tag = input_key if guarantee == "central" else f"{input_key}\x00{guarantee}"
     return "balance:" + hashlib.sha256(tag.encode()).hexdigest()[:32]
+
+
+def _public_id(table_key: str) -> str:
+    """The id of the row that declares the table ``table_key`` public (``Ledger.set_public``)."""
+    return "public:" + hashlib.sha256(table_key.encode()).hexdigest()[:32]
 
 
 def _claim_id(input_key: str, run_id: str, charged_attempt: int) -> str:
@@ -468,6 +477,76 @@ class Ledger:
                                 budget_delta=float(delta), guarantee=guarantee, ledger_cap_epsilon=float(epsilon),
                                 ledger_cap_delta=float(delta))
         return self.totals(input_key, guarantee=guarantee)
+
+    @_small_table
+    def set_public(self, table_key: str, table_seen: str | None = None, who: str | None = None,
+                   note: str | None = None) -> None:
+        """Declare the table ``table_key`` PUBLIC: the administrator's command, recorded as an event.
+
+        A config may then read it as public data (its rows can be released verbatim, nothing is
+        charged for them). Refused (``ValueError``) for a table with a balance: a table with a budget
+        is private. One commit, as ``set_budget``'s (a new ledger is created by it)."""
+        if self.has_balance(table_key):
+            raise ValueError(f"{table_seen or table_key} has a privacy budget in this ledger (it is private data): "
+                             "a table with a budget is never public")
+        self.require_exclusive_commits()
+        who = who or actor()
+        row = self._row(entry_id=_public_id(table_key), kind="public", input_path=table_key, epsilon=0.0, delta=0.0,
+                        status="public", updated_at=self._now(), actor=who, input_seen=table_seen, note=note)
+        event = self._event(kind="admin", input_path=table_key, status="set-public", actor=who, input_seen=table_seen,
+                            note=note)
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                if (attempt > 0 or not self._ready) and not self.exists():
+                    self._write_rows([row, event], mode="error")
+                    self._ready = True
+                else:
+                    self._ensure_table(fresh=attempt > 0)
+                    self._merge([row, event], "t.entry_id = s.entry_id", {"updated_at": "updated_at", "actor": "actor"})
+                return
+            except Exception as exc:
+                if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
+                    raise
+                time.sleep(random.uniform(0.05, 0.5))
+
+    def _key_rows(self, kinds: tuple, key: str) -> list[dict]:
+        """The rows of these kinds for ``key`` (delta-rs on a local ledger, else Spark); [] without a ledger."""
+        rows = self._rows_without_spark(kinds, key)
+        if rows is not None:
+            return rows
+        if self.spark is None or not self.exists():
+            return []
+        from pyspark.sql import functions as F
+
+        df = self.spark.read.format("delta").load(self.path)
+        return [r.asDict() for r in df.where(F.col("kind").isin(list(kinds)) & (F.col("input_path") == key))
+                .select("kind", "input_path").collect()]
+
+    @_small_table
+    def has_balance(self, key: str) -> bool:
+        """Whether ``key`` has a balance row (a budget, in either guarantee) in this ledger."""
+        return any(r["kind"] == "balance" for r in self._key_rows(("balance",), key))
+
+    @_small_table
+    def is_public(self, table_key: str) -> bool:
+        """True when the administrator declared ``table_key`` public (``set_public``) and it has no balance."""
+        kinds = {r["kind"] for r in self._key_rows(("public", "balance"), table_key)}
+        return "public" in kinds and "balance" not in kinds
+
+    @_small_table
+    def public_tables(self) -> list[dict]:
+        """The tables declared public (and without a balance): key, path as written, who, when, note."""
+        rows = self._rows_without_spark(("public", "balance"), None)
+        if rows is None:
+            if self.spark is None or not self.exists():
+                return []
+            rows = [r.asDict() for r in self.spark.read.format("delta").load(self.path)
+                    .where("kind IN ('public', 'balance')").collect()]
+        budgeted = {r["input_path"] for r in rows if r["kind"] == "balance"}
+        return sorted(({"table_key": r["input_path"], "table_seen": r.get("input_seen"), "actor": r.get("actor"),
+                        "updated_at": r.get("updated_at"), "note": r.get("note")}
+                       for r in rows if r["kind"] == "public" and r["input_path"] not in budgeted),
+                      key=lambda r: r["table_key"])
 
     # -- charging -----------------------------------------------------------------
 
