@@ -93,6 +93,15 @@ class Awaiting(Exception):
         self.error = error
 
 
+def _on_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (False for none)."""
+    if spark is None:
+        return False
+    from dpspark.session import is_connect
+
+    return is_connect(spark)
+
+
 def now():
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
@@ -343,7 +352,7 @@ class Attempt:
                 log_trouble("could not record the end of run %s", self.run_id)
         elif self.state == "new":
             self.record["status"] = end_status(error)  # nothing recorded: the operator record's status only
-        failure = for_the_analyst(error, self.fit_started)
+        failure = for_the_analyst(error, self.fit_started, _on_connect(self.spark))
         if self.state in ENDS:
             failure.attempt_status = self.state  # how the attempt ended: the command line's --json status
         if isinstance(failure, RunFailed) and operator_log_dir() is None:

@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None, spark=None) -> int:
             raise ConfigError("--run-id", f"{args.run_id!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
     except ConfigError as exc:
         print(f"dpspark: invalid config: {exc}", file=sys.stderr)
-        _print_json(as_json, {"run_id": getattr(args, "run_id", None), "status": "invalid_config", "exit_code": EXIT_CONFIG, "error": str(exc)})
+        _print_json(as_json, {**_outcome(getattr(args, "run_id", None)), "status": "invalid_config",
+                              "exit_code": EXIT_CONFIG, "error": str(exc)})
         return EXIT_CONFIG
     if args.command == "validate":
         problems = _validate_locations(config)
@@ -159,6 +160,10 @@ def main(argv: list[str] | None = None, spark=None) -> int:
         if problems:
             print(f"dpspark: invalid config: {problems[0]}", file=sys.stderr)
             return EXIT_CONFIG
+        print(f"dpspark: the config is valid ({config.algorithm.name}, k={config.algorithm.k}, "
+              f"epsilon={config.privacy.epsilon:g}, delta={config.privacy.delta:g}, "
+              f"{'charged to ' + config.privacy.ledger if config.privacy.ledger else 'UNACCOUNTED: no ledger'}); "
+              "nothing was read, run or charged", file=sys.stderr)
         return EXIT_OK
     if args.command == "advance" and not (config.algorithm.name == "ldp" and getattr(config.algorithm.params, "mode", None) == "ingest"):
         print("dpspark: invalid config: config key 'algorithm.mode': `dpspark advance` needs algorithm.name=ldp with mode=ingest",
@@ -170,8 +175,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
         from dpspark.runner import new_run_id
 
         run_id = new_run_id()
-    outcome = {"run_id": run_id, "attempt": None, "status": None, "exit_code": None, "epsilon_spent": 0.0,
-               "delta_spent": 0.0, "input_version": None, "outputs": None, "error": None}
+    outcome = {**_outcome(run_id), "accounting": "ledger" if config.privacy.ledger else "unaccounted"}
     before: dict = {}  # steps before the runner's, for the run record
     from dpspark.progress import accounted
 
@@ -305,6 +309,13 @@ def _finish_outcome(outcome, spark, config, run_id, status, code, error) -> None
                            delta_spent=last.get("delta_spent") or 0.0, input_version=last.get("input_version"))
     except Exception:
         pass
+
+
+def _outcome(run_id) -> dict:
+    """The ``--json`` line's keys, the same on every exit path (a scheduler reads them): nothing spent
+    until the run says otherwise; ``accounting`` null when the config could not be read."""
+    return {"run_id": run_id, "attempt": None, "status": None, "exit_code": None, "epsilon_spent": 0.0,
+            "delta_spent": 0.0, "input_version": None, "outputs": None, "error": None, "accounting": None}
 
 
 def _print_json(enabled: bool, outcome: dict) -> None:

@@ -543,7 +543,7 @@ def _validate_domain(dom: Section, inp: InputConfig) -> DomainConfig:
         dim = dom.integer("dim", len(inp.features) if len(inp.features) > 1 else None, low=1)
         if dim is None:
             raise ConfigError("domain.dim", "is required with a ball domain when the features are one array column")
-        _check_feature_count(inp, dim)
+        _check_feature_count(inp, dim, "domain.dim")
         return DomainConfig(dim=dim, radius=radius)
     if not has_box:
         raise ConfigError("domain", "needs PUBLIC bounds: lower and upper (a box) or radius (an L2 ball); they are never taken from the data")
@@ -559,11 +559,16 @@ def _validate_domain(dom: Section, inp: InputConfig) -> DomainConfig:
     dim = dom.integer("dim", len(lower), low=1)
     if dim != len(lower):
         raise ConfigError("domain.dim", f"is {dim} but the box has {len(lower)} dimensions")
-    _check_feature_count(inp, dim)
+    _check_feature_count(inp, dim, "domain.lower/upper")
     return DomainConfig(dim=dim, lower=lower, upper=upper)
 
 
-def _check_feature_count(inp: InputConfig, dim: int) -> None:
+def _check_feature_count(inp: InputConfig, dim: int, bounds: str) -> None:
+    """The d feature columns and the domain's d dimensions agree (one array/vector column takes any d).
+    Names both keys: which one is wrong, only the user knows."""
     n = len(inp.features)
     if n != dim and n != 1:
-        raise ConfigError("input.features", f"names {n} columns but the domain has {dim} dimensions (give {dim} numeric columns or one array column)")
+        what = f"give {n} values for each bound" if bounds == "domain.lower/upper" else f"set domain.dim to {n}"
+        raise ConfigError(bounds, f"{'have' if bounds == 'domain.lower/upper' else 'is'} {dim} dimension(s) but input.features "
+                                  f"names {n} columns {list(inp.features)}: {what}, or name {dim} feature columns "
+                                  "(or one array column)")

@@ -71,13 +71,29 @@ def coinciding_groups(points, widths, rel_tol: float = EQUAL_TOLERANCE) -> list[
     tol = float(rel_tol) * _widths(widths, p.shape[1])
     free = np.ones(p.shape[0], dtype=bool)
     groups = []
+    if p.shape[0] == 0 or p.shape[1] == 0:
+        return [np.arange(p.shape[0])] if p.shape[0] else groups
+    # Only rows whose first coordinate is within the tolerance of row i's can be close to it: they are a
+    # window of the rows sorted by that coordinate (non-finite ones sort last and are never in it), so
+    # each row is compared with its window only (k = 100,000 distinct centers: seconds, not hours).
+    first = p[:, 0]
+    order = np.argsort(first, kind="stable")
+    sorted_first = first[order]
+    finite = np.all(np.isfinite(p), axis=1)
     for i in range(p.shape[0]):
         if not free[i]:
             continue
+        if not finite[i]:
+            free[i] = False
+            groups.append(np.array([i]))
+            continue
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, 1e308 - -1e308: inf, never "close"
-            close = np.all(np.abs(p - p[i]) <= tol, axis=1) & free
-        close[i] = True
-        members = np.flatnonzero(close)
+            lo = np.searchsorted(sorted_first, first[i] - tol[0], side="left")
+            hi = np.searchsorted(sorted_first, first[i] + tol[0], side="right")
+            window = order[lo:hi]
+            window = window[free[window]]
+            close = window[np.all(np.abs(p[window] - p[i]) <= tol, axis=1)]
+        members = np.union1d(close, [i])
         free[members] = False
         groups.append(members)
     return groups

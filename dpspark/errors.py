@@ -5,6 +5,8 @@
 - ``ColumnError``: the config names a column the input table lacks, or one of the wrong type or
   size (exit 2, like any config mistake; also a ``SchemaError`` for callers that catch that).
 - ``SchemaError`` and every other ``DPSparkError``: any other failure (exit 1), e.g. a missing table.
+- ``PythonWorkersError``: Spark's Python workers cannot start or lack dpspark's executor modules
+  (exit 1, found before any charge by ``dpspark.session.check_python_workers``).
 - ``RunFailed``: an error that is not dpspark's own, raised once a fit had started (exit 1): it
   names the error's type only (see ``for_the_analyst``).
 """
@@ -51,6 +53,25 @@ class ColumnError(ConfigError, SchemaError):
         DPSparkError.__init__(self, message)
 
 
+class PythonWorkersError(DPSparkError):
+    """Spark's Python workers (the executors' Python: ``PYSPARK_PYTHON``, ``spark.pyspark.python``, or
+    a Spark Connect server's own environment) cannot start, or cannot import what dpspark's passes
+    need (numpy, pandas, pyarrow, dpspark's executor modules). Found by one job over ``spark.range``
+    before any charge (``dpspark.session.check_python_workers``); the message names the Python and
+    what to fix, never a data value (there is none in that job).
+
+    Exit 1, not 2: exit 2 is a mistake in the config or the arguments, which the analyst fixes; this
+    is the deployment's environment (the administrator's), as a table that cannot be read is, and a
+    scheduler's retry costs nothing (nothing was charged) and succeeds once the environment is fixed.
+    ``executable``: the workers' Python when known; ``module``: the first module they lack, if any."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, executable: str | None = None, module: str | None = None):
+        self.executable, self.module = executable, module
+        super().__init__(message)
+
+
 class PrivacyAccountingError(DPSparkError):
     """An algorithm tried to spend more than its budget, or less than it declared.
 
@@ -71,12 +92,21 @@ class RunFailed(DPSparkError):
 
     exit_code = 1
 
-    def __init__(self, error_type: str):
+    def __init__(self, error_type: str, connect: bool = False):
+        import os
+
         self.error_type = str(error_type)
-        super().__init__(f"the fit failed ({self.error_type}); details are in the operator log")
+        if os.environ.get("DPSPARK_OPERATOR_LOG"):
+            where = "details are in the attempt's operator record ($DPSPARK_OPERATOR_LOG, the administrator's)"
+        else:
+            where = ("the details were not kept: $DPSPARK_OPERATOR_LOG is not set (the administrator sets it, "
+                     "where the analyst cannot read it)")
+        if connect:
+            where += "; on Spark Connect, a failed Spark job's cause is also in the Connect server's log"
+        super().__init__(f"the fit failed ({self.error_type}); {where}")
 
 
-def for_the_analyst(exc: BaseException, fit_started: bool) -> BaseException:
+def for_the_analyst(exc: BaseException, fit_started: bool, connect: bool = False) -> BaseException:
     """The exception to hand to the analyst (the Python caller, the command line) for ``exc``.
 
     Before the fit starts no private value has been read: ``exc`` as it is. After: dpspark's own
@@ -95,7 +125,7 @@ def for_the_analyst(exc: BaseException, fit_started: bool) -> BaseException:
         exc.__context__ = None
         exc.__suppress_context__ = True
         return exc
-    return RunFailed(type(exc).__name__)
+    return RunFailed(type(exc).__name__, connect)
 
 
 class RunKilled(BaseException):

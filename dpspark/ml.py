@@ -278,6 +278,8 @@ def _param_for_key(key: str, features_param: str) -> str:
         return features_param
     if base == "domain":
         return "lower/upper/radius"
+    if base == "domain.lower/upper":
+        return "lower/upper"
     if base.startswith("algorithm.eps_split"):
         return "epsSplit"
     for name, k, _, _ in PARAMS:
@@ -378,31 +380,12 @@ def _executor_error(module: str, executable: str | None = None) -> DPSparkError:
 
 
 def _check_executors(spark) -> None:
-    """Before any charge: the Python workers can import what the family passes need (one tiny job)."""
-    from pyspark.sql import functions as F
+    """Before any charge: the Python workers start and import what the family passes need
+    (``dpspark.session.check_python_workers``, shared with ``dpspark run``: one tiny job, once per
+    session; ``PythonWorkersError`` naming PYSPARK_PYTHON and the missing module)."""
+    from dpspark.session import check_python_workers
 
-    def probe(_):  # nested: pickled by value, so it runs even where dpspark cannot be imported
-        import importlib
-        import sys as _sys
-
-        missing = []
-        for name in ("numpy", "pandas", "pyarrow", "dpspark"):
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                missing.append(name)
-        return ",".join(missing) + "|" + _sys.executable
-
-    try:
-        answer = spark.range(0, 1, 1, 1).select(F.udf(probe, "string")("id")).first()[0]
-    except Exception as exc:
-        found = _MISSING.search(str(exc))
-        if found:
-            raise _executor_error(found.group(1)) from None
-        raise
-    missing, _, executable = answer.partition("|")
-    if missing:
-        raise _executor_error(missing.split(",")[0], executable)
+    check_python_workers(spark)
 
 
 def _check_reads_only(dataset, ledger_input: str) -> None:
@@ -485,6 +468,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
                     ledger_path = tables.qualify(config.privacy.ledger)
                     tables.check_output_location(spark, ledger_path, "ledgerPath", delta_only=True)
                     a.ledger = Ledger(spark, ledger_path)
+                    a.ledger.require_existing("ledgerPath")  # a fit never creates a ledger
                     input_key = tables.ledger_key_of(spark, config.input.path)
                     if chosen_id is not None:
                         earlier = _earlier_attempts(a.ledger, input_key, a.run_id)

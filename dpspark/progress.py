@@ -178,8 +178,12 @@ def step(name: str, timings: dict | None = None, data_dependent: bool = False, h
     if hide_inside:
         with _lock:
             _hidden += 1
+    ended = "done"
     try:
         yield
+    except BaseException:
+        ended = "stopped"  # not "done": e.g. a charge the ledger refused must not read as charged
+        raise
     finally:
         if hide_inside:
             with _lock:
@@ -187,10 +191,10 @@ def step(name: str, timings: dict | None = None, data_dependent: bool = False, h
         seconds = time.perf_counter() - start
         if quiet:
             if shown is log:
-                log.log(level, "%s done", name)
-            operator_log.info("%s done in %.2fs", name, seconds)
+                log.log(level, "%s %s", name, ended)
+            operator_log.info("%s %s in %.2fs", name, ended, seconds)
         else:
-            log.log(level, "%s done in %.2fs", name, seconds)
+            log.log(level, "%s %s in %.2fs", name, ended, seconds)
         if timings is not None:
             timings[name] = timings.get(name, 0.0) + seconds
 

@@ -16,26 +16,36 @@ Noisy weights are written as readable numbers (``15,390``, ``-3``, ``12.5``: see
 (a negative noisy weight gets the bottom colour), so a small spread of large weights
 is not stretched over the whole colormap.
 
-With d <= 2 the axes are the features and show the whole PUBLIC domain (box: its
-bounds; ball: [-r, r]), drawn as a dashed outline, so the centers are seen where they
-lie in it. For d > 2 the centers are projected onto the first two principal components
-of the released CENTERS themselves (numpy SVD), never of the data, so the projection
-is post-processing of released values too; the footnote says the axes are projections.
+With d <= 3 the axes are the features, named, and show the whole PUBLIC domain (box:
+its bounds; ball: [-r, r]), drawn as a light dashed outline, so the centers are seen
+where they lie in it. With d = 3 panel (a) is three views, one per pair of features
+(x-y, x-z, y-z), and a table of every released center's coordinates (rounded to about
+1e-4 of the feature's width: ``_coordinate_formats``) and noisy weight beside them. For
+d > 3 the centers are projected onto the first two principal components of the
+released CENTERS themselves (numpy SVD), never of the data, so the projection is
+post-processing of released values too; the footnote says the axes are projections,
+that the public domain is not drawn there, and that the coordinates are in report.html.
+
+Privacy numbers (epsilon and delta: spent, configured, caps, remaining, each step's
+charge) are written in %g style (``_fmt_budget``: 6 significant digits in the figure,
+12 in report.html), so float noise never shows (``8e-06``, not ``8.000000000000001e-06``).
 
 Read at a glance (nothing clipped or overprinted, for k up to 100, d up to 50, up
 to 12 charges and long names): the layout is computed in pixels with the Agg
 renderer before anything is drawn. The header's lines are wrapped to the figure's
 width and stacked; each panel gets its own region and its axes shrink until their
 tick labels, axis labels, title and colorbar fit inside it; long labels are wrapped
-or shortened with an ellipsis (the full text is in report.html and summary.json; the
-input line keeps both ends of a long path); a rule (mechanism) in the charges panel is
-never cut: it is written whole in its row, in a smaller font if needed, or as a key
+(between words, or after a "_" of a long name); only the header's input line is
+shortened with an ellipsis (it keeps both ends of a long path; in full in report.html).
+In the charges panel nothing is cut: a step's name is wrapped in its column (a row is
+as tall as its name), in a smaller font if the rows would be too tall, and a rule
+(mechanism) is written whole in its row, in a smaller font if needed, or as a key
 ("rule [1]") whose full text is in a legend under the rows; center labels are placed
 where they overlap nothing and at most ``_MAX_LABELS`` are drawn; the run summary is a
 fixed-width text panel whose font shrinks (and, at the smallest size, whose lines are
 cut) until it fits. Centers that coincide (every coordinate within
 ``_VISUAL_TOLERANCE`` of the domain's width) are drawn as ONE marker labelled with
-their count ("x4"). Where the axes do not show the whole domain (d > 2, or no domain
+their count ("x4"). Where the axes do not show the whole domain (d > 3, or no domain
 given) they zoom on the centers, except that when the centers span almost nothing an
 axis shows the domain (or, without one, the centers' own magnitude) instead of a
 magnified speck.
@@ -58,6 +68,7 @@ import html
 import json
 import math
 import os
+import re
 import textwrap
 
 import numpy as np
@@ -121,14 +132,16 @@ def build_figure(info: dict) -> Figure:
     (m, d) in original units), degenerate (None or the dict of
     ``dpspark.degenerate.describe_collapse``: drawn as a red warning), domain
     (optional, PUBLIC: {"lower": [...], "upper": [...]} or {"radius": R}; sets
-    the tolerance for coinciding centers, the axes for d <= 2 and, for d > 2, the
-    axes when the centers span almost nothing), input (optional, PUBLIC
+    the tolerance for coinciding centers, the axes and the dashed outline for
+    d <= 3, the rounding of the coordinates' table and, for d > 3, the axes when the
+    centers span almost nothing), input (optional, PUBLIC
     configuration: {"path", "version" (the Delta version read, or None), "where"
     (the row filter, or None), "format"}; missing: no input line).
 
     Header: title, input, privacy spent by this run (and configured for it), the
     ledger's balance for the input, warnings. Panels: (a) centers sized and
-    colored by noisy weight; (b) epsilon per charged step; (c) text: privacy spent
+    colored by noisy weight (d = 3: three feature-pair views and a table of the
+    coordinates); (b) epsilon per charged step; (c) text: privacy spent
     vs configured, ledger, parameters, timings.
     """
     centers = np.asarray(info.get("centers") or [], dtype=float)
@@ -159,7 +172,8 @@ def build_figure(info: dict) -> Figure:
     left = (_PAD, _PAD, 0.535 * W, body_top)
     right_x0, right_x1 = 0.565 * W, W - _PAD
     _draw_centers(fig, r, ax_centers, left, centers, weights, names, diagnostics, _domain(info.get("domain"), d))
-    charges_bottom = _draw_charges(fig, r, ax_charges, (right_x0, right_x1, body_top), info.get("charges") or [])
+    charges_bottom = _draw_charges(fig, r, ax_charges, (right_x0, right_x1, body_top), info.get("charges") or [],
+                                   max_h=0.55 * (body_top - _PAD))
     _draw_text(fig, r, ax_text, (right_x0, _PAD, right_x1, charges_bottom - 2 * _GAP), info, centers.shape[0],
                diagnostics)
     return fig
@@ -183,6 +197,83 @@ def _fmt(value) -> str:
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
     return f"{v:.4g}"
+
+
+def _fmt_budget(value, digits: int = 6) -> str:
+    """A privacy-budget number (epsilon or delta: spent, configured, a cap, what remains, one step's charge)
+    in %g style with at most ``digits`` significant digits (6 in the figure, 12 in report.html), so float
+    noise never shows: 1e-05 - 2e-06 reads ``8e-06``, not ``8.000000000000001e-06``."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    text = f"{v:.{digits}g}"
+    return "0" if text == "-0" else text
+
+
+def _fmt_param(value, digits: int = 6) -> str:
+    """A public parameter's value: text as it is, true/false, integers whole, floats in %g style (no float
+    noise: see ``_fmt_budget``), anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return _fmt_budget(value, digits)
+    return json.dumps(value, default=str)
+
+
+def _remaining(ledger, key):
+    """What the ledger's cap in force leaves for the input (``remaining_<key>`` as the runner gives it, else
+    cap - spent), or None without a cap."""
+    budget = ledger.get(f"budget_{key}")
+    if budget is None:
+        return None
+    remaining = ledger.get(f"remaining_{key}")
+    spent = ledger.get(f"spent_{key}")
+    if remaining is None and spent is not None:
+        remaining = float(budget) - float(spent)
+    return remaining
+
+
+def _coordinate_formats(centers: np.ndarray, domain) -> list:
+    """Per feature, a function writing a center's coordinate rounded to about 1e-4 of the feature's width
+    (the PUBLIC domain's, else the centers' own spread or magnitude): ``0.2741`` in [-1, 1], ``431.2`` in
+    [0, 1000], ``123457`` in [0, 1e6]; %g style (6 digits) when the width is not finite or the value huge."""
+    d = centers.shape[1]
+    if domain is not None:
+        widths = np.asarray(domain["widths"], dtype=float)
+    else:
+        finite = centers[np.all(np.isfinite(centers), axis=1)] if centers.size else np.zeros((0, d))
+        if not len(finite):
+            finite = np.zeros((1, d))
+        with np.errstate(over="ignore", invalid="ignore"):
+            widths = np.maximum(np.ptp(finite, axis=0), np.abs(finite).max(axis=0))
+    formats = []
+    for w in widths:
+        decimals = None
+        if math.isfinite(w) and w > 0:
+            decimals = max(0, math.ceil(-math.log10(w * 1e-4) - 1e-9))
+            if decimals > 12:
+                decimals = None
+
+        def write(v, decimals=decimals):
+            v = float(v)
+            if not math.isfinite(v) or decimals is None or abs(v) >= 1e15:
+                return _fmt_budget(v)
+            text = f"{v:.{decimals}f}"
+            return text.lstrip("-") if float(text) == 0 else text
+
+        formats.append(write)
+    return formats
 
 
 def _fmt_weight(value) -> str:
@@ -245,6 +336,18 @@ def _cut(text: str, n: int, keep: str) -> str:
     return text[:n].rstrip() + _ELLIPSIS
 
 
+class _Wrapper(textwrap.TextWrapper):
+    """textwrap that may also break a line after '_' (long snake_case names wrap between their parts)."""
+
+    def _split(self, text):
+        return [part for chunk in super()._split(text) for part in re.split(r"(?<=_)(?=[^_\s])", chunk) if part]
+
+
+def _wrap_lines(text: str, width: int, indent: str = "", break_words: bool = True) -> list[str]:
+    return _Wrapper(width=width, subsequent_indent=indent, break_on_hyphens=False,
+                    break_long_words=break_words).wrap(text)
+
+
 def _wrap(t, text: str, max_px: float, r, max_lines: int | None = None, break_words: bool = True) -> None:
     """Set ``t``'s text wrapped at spaces (a long word is broken unless ``break_words`` is False) so no
     line is wider than ``max_px`` (without breaking words, a word wider than that stays whole).
@@ -263,8 +366,7 @@ def _wrap(t, text: str, max_px: float, r, max_lines: int | None = None, break_wo
         lines = []
         for p in paragraphs:
             indent = p[: len(p) - len(p.lstrip())]
-            lines += textwrap.wrap(p, width=width, subsequent_indent=indent + "  ", break_on_hyphens=False,
-                                   break_long_words=break_words) or [""]
+            lines += _wrap_lines(p, width, indent + "  ", break_words) or [""]
         if max_lines is not None and len(lines) > max_lines:
             lines = lines[:max_lines]
             lines[-1] = _cut(lines[-1], max(len(lines[-1]) - 2, 1), "start")
@@ -365,14 +467,14 @@ def _draw_header(fig, r, info, k, diagnostics) -> float:
     return y
 
 
-def _spent_text(info) -> str:
+def _spent_text(info, digits: int = 6) -> str:
     """What this run spent, and what it was configured to spend (both PUBLIC: charged totals and config)."""
-    return (f"privacy spent by this run: \u03b5 = {_fmt(info.get('epsilon_spent'))}, "
-            f"\u03b4 = {_fmt(info.get('delta_spent'))} (configured for the run: "
-            f"\u03b5 = {_fmt(info.get('epsilon_configured'))}, \u03b4 = {_fmt(info.get('delta_configured'))})")
+    f = lambda key: _fmt_budget(info.get(key), digits)  # noqa: E731
+    return (f"privacy spent by this run: \u03b5 = {f('epsilon_spent')}, \u03b4 = {f('delta_spent')} "
+            f"(configured for the run: \u03b5 = {f('epsilon_configured')}, \u03b4 = {f('delta_configured')})")
 
 
-def _ledger_text(ledger) -> str:
+def _ledger_text(ledger, digits: int = 6) -> str:
     """The input's balance in the ledger (all runs on it, this one included), apart from this run's spend.
 
     ``ledger`` is the runner's ``_ledger_view``: spent_* (the input's totals), budget_* (the cap in force
@@ -385,11 +487,11 @@ def _ledger_text(ledger) -> str:
     for key, symbol in (("epsilon", "\u03b5"), ("delta", "\u03b4")):
         spent, cap, own = ledger.get(f"spent_{key}"), ledger.get(f"budget_{key}"), ledger.get(f"ledger_cap_{key}")
         if cap is None:
-            parts.append(f"spent {symbol} = {_fmt(spent)} (no cap)")
+            parts.append(f"spent {symbol} = {_fmt_budget(spent, digits)} (no cap)")
             continue
-        text = f"spent {symbol} = {_fmt(spent)} of cap {_fmt(cap)}"
-        if own is not None and _fmt(own) != _fmt(cap):
-            text += f" (lowered for this run; the ledger's cap is {_fmt(own)})"
+        text = f"spent {symbol} = {_fmt_budget(spent, digits)} of cap {_fmt_budget(cap, digits)}"
+        if own is not None and _fmt_budget(own, 12) != _fmt_budget(cap, 12):
+            text += f" (lowered for this run; the ledger's cap is {_fmt_budget(own, digits)})"
         parts.append(text)
     return "ledger for this input (all runs, this one included): " + ", ".join(parts)
 
@@ -469,28 +571,30 @@ def _domain(dom, d: int):
     return None
 
 
-def _domain_outline(domain, d: int):
-    """The public domain as a dashed patch in data units (d <= 2): a box's rectangle, a ball's circle;
-    with one feature, the interval [lo, hi] over the panel's height."""
-    style = dict(fill=False, edgecolor="0.35", linestyle="--", linewidth=1.2, zorder=2)
+def _domain_outline(domain, d: int, dims=(0, 1)):
+    """The public domain as a light dashed patch in data units, in a view whose axes are the features
+    ``dims`` (d <= 3): a box's rectangle, a ball's circle (a ball's shadow on any pair of features is
+    the disc of its radius); with one feature, the interval [lo, hi] over the panel's height."""
+    style = dict(fill=False, edgecolor="0.55", linestyle="--", linewidth=1.1, zorder=2)
+    i, j = dims
     if domain["radius"] is not None:
         radius = domain["radius"]
-        if d == 2:
+        if d >= 2:
             return Circle((0.0, 0.0), radius, **style)
         return Rectangle((-radius, -1.0), 2 * radius, 2.0, **style)
     lo = domain["center"] - domain["half"]
-    if d == 2:
-        return Rectangle((lo[0], lo[1]), 2 * domain["half"][0], 2 * domain["half"][1], **style)
+    if d >= 2:
+        return Rectangle((lo[i], lo[j]), 2 * domain["half"][i], 2 * domain["half"][j], **style)
     return Rectangle((lo[0], -1.0), 2 * domain["half"][0], 2.0, **style)
 
 
 def _domain_text(domain) -> str:
     """'box [0, 1000] x [0, 1000]' or 'ball of radius 5 around 0' (PUBLIC, original units)."""
     if domain["radius"] is not None:
-        text = f"ball of radius {_fmt(domain['radius'])} around 0"
-        return text + (f": [{_fmt(-domain['radius'])}, {_fmt(domain['radius'])}]" if len(domain["widths"]) == 1 else "")
+        radius = _fmt_budget(domain["radius"])
+        return f"ball of radius {radius} around 0" + (f": [-{radius}, {radius}]" if len(domain["widths"]) == 1 else "")
     lo, hi = domain["center"] - domain["half"], domain["center"] + domain["half"]
-    return "box " + " x ".join(f"[{_fmt(a)}, {_fmt(b)}]" for a, b in zip(lo, hi))
+    return "box " + " x ".join(f"[{_fmt_budget(a)}, {_fmt_budget(b)}]" for a, b in zip(lo, hi))
 
 
 def _drawing_unit(centers: np.ndarray, domain) -> float:
@@ -526,6 +630,86 @@ def _project(centers: np.ndarray, names: list[str]):
             "(not of the data), not features; the public domain is not drawn")
     return (mean, vt[:2].T, f"PC1 of released centers ({100 * shares[0]:.0f}% of their variance)",
             f"PC2 of released centers ({100 * shares[1]:.0f}% of their variance)", note)
+
+
+def _views(centers: np.ndarray, names: list[str]):
+    """The 2-D views of panel (a): ([(mean, basis (d, m), x label, y label, feature pair or None)], note).
+
+    d == 3: three views, each a pair of features (x-y, x-z, y-z), so every coordinate is read on an axis
+    named after its feature; otherwise the one view of ``_project`` (d > 3: principal components of the
+    released CENTERS, never of the data).
+    """
+    d = centers.shape[1]
+    if d == 3:
+        eye = np.eye(3)
+        return [(np.zeros(3), eye[:, [i, j]], names[i], names[j], (i, j)) for i, j in ((0, 1), (0, 2), (1, 2))], (
+            "d = 3: each view is one pair of features (the third is not shown in it); every coordinate is in the "
+            "table")
+    mean, basis, xlabel, ylabel, note = _project(centers, names)
+    if d > 3:
+        note += "; every center's coordinates: the table in report.html"
+    return [(mean, basis, xlabel, ylabel, (0, 1) if d <= 2 else None)], note
+
+
+def _set_label(label, text: str, max_px: float, r) -> None:
+    """Set an axis label, wrapped between words (or after a '_') to at most ``max_px`` along its direction
+    (a rotated y label too); never cut."""
+    fig = label.figure
+    probe = fig.text(0, 0, "", fontproperties=label.get_fontproperties())
+    _wrap(probe, text, max_px, r)
+    label.set_text("\n".join(line.strip() for line in probe.get_text().split("\n")))
+    probe.remove()
+
+
+def _center_table_lines(centers, weights, names, formats, chars: int):
+    """Lines of a fixed-width table of every released center: '#', its coordinates (see
+    ``_coordinate_formats``) and its noisy weight. Columns are headed by the feature names when they are
+    short, else by [1], [2], ... with the names in full under the table (wrapped to ``chars``)."""
+    k, d = centers.shape
+    short = all(len(n) <= 12 for n in names)
+    heads = list(names) if short else [f"[{i + 1}]" for i in range(d)]
+    cols = [["#"] + [str(i) for i in range(k)]]
+    cols += [[heads[j]] + [formats[j](v) for v in centers[:, j]] for j in range(d)]
+    cols.append(["weight"] + [_fmt_weight(w) for w in weights])
+    widths = [max(len(x) for x in col) for col in cols]
+    lines = ["  ".join(col[i].rjust(w) for col, w in zip(cols, widths)) for i in range(k + 1)]
+    key = []
+    if not short:
+        for j, n in enumerate(names):
+            key += _wrap_lines(f"[{j + 1}] {n}", max(chars, 12), "    ") or [""]
+    return lines, key
+
+
+def _fit_table(t, title: str, lines: list[str], key: list[str], box_w: float, box_h: float, r,
+               sizes=(8.5, 8.0, 7.5, 7.0, 6.5)) -> None:
+    """Fit the table ``lines`` (header first) under ``title`` and over ``key`` into ``box_w`` x ``box_h``:
+    the largest size at which all of it fits; else, at the largest size whose width fits, the first rows
+    and a line saying how many more are in report.html. Rows are never cut or wrapped."""
+    def fits(rows):
+        t.set_text("\n".join([title] + rows + key))
+        e = t.get_window_extent(r)
+        return e.width <= box_w, e.height <= box_h
+
+    width_ok = None
+    for size in sizes:
+        t.set_fontsize(size)
+        w_ok, h_ok = fits(lines)
+        if w_ok and h_ok:
+            return
+        if w_ok and width_ok is None:
+            width_ok = size
+    t.set_fontsize(width_ok or sizes[-1])
+    if width_ok is None:  # too wide even in the smallest font: say where the table is
+        t.set_text(f"{title}\n(every center's coordinates: report.html)")
+        return
+    body = lines[1:]
+    keep = len(body)
+    while keep > 0:
+        keep -= 1
+        more = f"(+ {len(body) - keep} more: report.html)"
+        if fits([lines[0]] + body[:keep] + [more])[1]:
+            return
+    fits([f"(every center's coordinates: report.html)"])
 
 
 def _axis_limits(values, mean, b, domain, whole=False):
@@ -565,6 +749,8 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
         ax.set_yticks([])
         ax.text(0.5, 0.5, "no centers released", ha="center", va="center", transform=ax.transAxes)
         return
+    formats = _coordinate_formats(centers, domain)  # original units, for the table (d = 3)
+    released = centers
     # Extreme magnitudes (e.g. a public domain like [-1e300, 1e300]) are drawn in units of a power
     # of ten, so no difference, square (projection) or axis limit overflows.
     unit = _drawing_unit(centers, domain)
@@ -575,9 +761,10 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
             domain = {"center": domain["center"] / unit, "widths": domain["widths"] / unit,
                       "half": None if domain["half"] is None else domain["half"] / unit,
                       "radius": None if domain["radius"] is None else domain["radius"] / unit}
-    mean, basis, xlabel, ylabel, note = _project(centers, names)
+    views, note = _views(centers, names)
     if unit != 1.0:
-        xlabel, ylabel = f"{xlabel} (unit {unit:g})", (f"{ylabel} (unit {unit:g})" if ylabel else ylabel)
+        views = [(m, b, f"{xl} (unit {unit:g})", f"{yl} (unit {unit:g})" if yl else yl, dims)
+                 for m, b, xl, yl, dims in views]
 
     # Coinciding centers: one marker with their count and summed weight. Without a public
     # domain in ``info`` the centers' own scale stands in for it (tolerance and axes).
@@ -595,27 +782,21 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
     first = np.array([g[0] for g in groups])
     counts = np.array([len(g) for g in groups])
     gweights = np.array([float(weights[g].sum()) for g in groups])
-    with np.errstate(invalid="ignore"):  # a non-finite coordinate (never in a release) is not drawn
-        proj = (centers[first] - mean) @ basis
-    xy = np.column_stack([proj[:, 0], proj[:, 1] if proj.shape[1] > 1 else np.zeros(len(groups))])
 
-    # NON-PRIVATE: only when diagnostics were switched on, drawn behind the centers.
+    sample = None  # NON-PRIVATE: only when diagnostics were switched on, drawn behind the centers.
     if diagnostics is not None and diagnostics.get("data_sample") is not None:
         sample = np.asarray(diagnostics["data_sample"], dtype=float)
         if sample.ndim == 1:
             sample = sample.reshape(-1, 1)
-        if sample.size and sample.shape[1] == d:
-            if sample.shape[0] > _MAX_SAMPLE:  # deterministic thinning
-                sample = sample[:: int(math.ceil(sample.shape[0] / _MAX_SAMPLE))]
-            sp = (sample / unit - mean) @ basis
-            sy = sp[:, 1] if sp.shape[1] > 1 else np.zeros(len(sp))
-            ax.scatter(sp[:, 0], sy, s=4, c="0.75", alpha=0.5, linewidths=0, zorder=1,
-                       label=f"data sample ({NON_PRIVATE_LABEL})")
+        if not sample.size or sample.shape[1] != d:
+            sample = None
+        elif sample.shape[0] > _MAX_SAMPLE:  # deterministic thinning
+            sample = sample[:: int(math.ceil(sample.shape[0] / _MAX_SAMPLE))]
 
     mag = np.abs(gweights)
     top = float(mag.max()) if mag.size and np.isfinite(mag.max()) else 0.0
-    # Marker area (points^2) grows with |weight|; smaller markers when there are many.
-    shrink = 1.0 / math.sqrt(max(1.0, len(groups) / 10.0))
+    # Marker area (points^2) grows with |weight|; smaller markers when there are many (and in small views).
+    shrink = 1.0 / math.sqrt(max(1.0, len(groups) / 10.0)) * (0.6 if len(views) > 1 else 1.0)
     sizes = 60.0 * max(shrink, 0.5) + (500.0 * shrink * np.nan_to_num(mag) / top if top > 0 else np.zeros(len(mag)))
     # The colour scale starts at 0 (a negative noisy weight gets the bottom colour): colours are
     # comparable between runs, and a tiny spread of large weights is not stretched over the colormap.
@@ -623,31 +804,43 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
     top_w = float(finite_w.max()) if finite_w.size else 0.0
     negative = gweights < 0
     order = np.argsort(-sizes, kind="stable")  # big markers first, small ones on top
-    sc = ax.scatter(
-        xy[order, 0], xy[order, 1], s=sizes[order], c=gweights[order], cmap="viridis",
-        norm=Normalize(0.0, top_w if top_w > 0 else 1.0, clip=True),
-        edgecolors=np.where(negative[order], "red", "black").tolist(),
-        linewidths=np.where(negative[order], 2.0, 0.8), zorder=3, label="released center",
-    )
 
-    # Axis limits. d <= 2 with a public domain: the axes are the domain (drawn as a dashed outline),
-    # so the centers are seen where they lie in it. Otherwise (d > 2: projections; no public domain):
-    # the axes zoom on the centers, but a speck is shown within the domain, not magnified.
-    whole = given_domain and d <= 2
-    from_domain = []
-    xlo, xhi, fx = _axis_limits(proj[:, 0], mean, basis[:, 0], domain, whole)
-    ax.set_xlim(xlo, xhi)
-    from_domain.append(fx)
-    if d == 1:
-        ax.set_ylim(-1.0, 1.0)
-        ax.set_yticks([])
-    else:
-        ylo, yhi, fy = _axis_limits(proj[:, 1], mean, basis[:, 1], domain, whole)
-        ax.set_ylim(ylo, yhi)
-        from_domain.append(fy)
-    if whole:
-        ax.add_patch(_domain_outline(domain, d))
-    ax.grid(True, alpha=0.3)
+    # Axis limits. d <= 3 with a public domain: the axes are features and show the whole domain (drawn as
+    # a light dashed outline), so the centers are seen where they lie in it. Otherwise (d > 3: projections;
+    # no public domain): the axes zoom on the centers, but a speck is shown within the domain, not magnified.
+    whole = given_domain and d <= 3
+    axes = [ax] + [fig.add_axes((0.0, 0.0, 0.1, 0.1)) for _ in views[1:]]
+    from_domain, points, sc = [], [], None
+    for a, (mean, basis, _xl, _yl, dims) in zip(axes, views):
+        with np.errstate(invalid="ignore"):  # a non-finite coordinate (never in a release) is not drawn
+            proj = (centers[first] - mean) @ basis
+        xy = np.column_stack([proj[:, 0], proj[:, 1] if proj.shape[1] > 1 else np.zeros(len(groups))])
+        points.append(xy)
+        if sample is not None:
+            sp = (sample / unit - mean) @ basis
+            sy = sp[:, 1] if sp.shape[1] > 1 else np.zeros(len(sp))
+            a.scatter(sp[:, 0], sy, s=4, c="0.75", alpha=0.5, linewidths=0, zorder=1,
+                      label=f"data sample ({NON_PRIVATE_LABEL})")
+        s = a.scatter(
+            xy[order, 0], xy[order, 1], s=sizes[order], c=gweights[order], cmap="viridis",
+            norm=Normalize(0.0, top_w if top_w > 0 else 1.0, clip=True),
+            edgecolors=np.where(negative[order], "red", "black").tolist(),
+            linewidths=np.where(negative[order], 2.0, 0.8), zorder=3, label="released center",
+        )
+        sc = sc or s
+        xlo, xhi, fx = _axis_limits(proj[:, 0], mean, basis[:, 0], domain, whole)
+        a.set_xlim(xlo, xhi)
+        from_domain.append(fx)
+        if d == 1:
+            a.set_ylim(-1.0, 1.0)
+            a.set_yticks([])
+        else:
+            ylo, yhi, fy = _axis_limits(proj[:, 1], mean, basis[:, 1], domain, whole)
+            a.set_ylim(ylo, yhi)
+            from_domain.append(fy)
+        if whole:
+            a.add_patch(_domain_outline(domain, d, dims))
+        a.grid(True, alpha=0.3)
     if diagnostics is not None:
         ax.legend(loc="upper right", fontsize=8)
 
@@ -684,32 +877,72 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
     cbar.formatter = FuncFormatter(lambda v, _pos: _fmt_weight(v))  # as the labels: 15,390, not 1.539e+04
     cbar.update_ticks()
     area = (x0, y0 + foot_h + _GAP, x1, y1)
-    xl = ax.set_xlabel(xlabel)
-    yl = ax.set_ylabel(ylabel)
-    _ellipsize(xl, xlabel, 0.8 * (x1 - x0), r)
-    _ellipsize(yl, ylabel, 0.8 * (area[3] - area[1]), r)
+    labels = [(a.set_xlabel(xl), xl, a.set_ylabel(yl), yl) for a, (_m, _b, xl, yl, _d) in zip(axes, views)]
 
-    def place(ix0, iy0, ix1, iy1):
-        _place(ax, ix0, iy0, ix1 - 16 - 12, iy1)
-        _place(cax, ix1 - 16, iy0, ix1, iy1)
+    def set_labels(frac_w, frac_h):
+        for a, (xlab, xl, ylab, yl) in zip(axes, labels):
+            _set_label(xlab, xl, a.bbox.width if frac_w is None else frac_w, r)
+            if yl:
+                _set_label(ylab, yl, a.bbox.height if frac_h is None else frac_h, r)
 
-    inner = _fit_axes(r, [ax, cax], area, place)
-    # Axis labels no longer than the axes they name, then fit again.
-    _ellipsize(xl, xlabel, ax.bbox.width, r)
-    _ellipsize(yl, ylabel, ax.bbox.height, r)
-    _fit_axes(r, [ax, cax], area, place, start=inner)
+    if len(axes) == 1:
+        def place(ix0, iy0, ix1, iy1):
+            _place(ax, ix0, iy0, ix1 - 16 - 12, iy1)
+            _place(cax, ix1 - 16, iy0, ix1, iy1)
 
-    # Labels: multi-center points first, then by |weight|; each goes where it overlaps nothing.
-    pix = ax.transData.transform(xy)
+        set_labels(0.8 * (x1 - x0), 0.8 * (area[3] - area[1]))
+    else:  # 2 x 2: x-y | x-z over y-z | the table of coordinates; the colorbar at the right
+        gaps = [70.0, 60.0]  # room between the cells for the tick and axis labels, measured below
+
+        def cells(ix0, iy0, ix1, iy1):
+            gx1 = ix1 - 16 - 12
+            cw, ch = (gx1 - ix0 - gaps[0]) / 2, (iy1 - iy0 - gaps[1]) / 2
+            return [(ix0, iy1 - ch, ix0 + cw, iy1), (gx1 - cw, iy1 - ch, gx1, iy1), (ix0, iy0, ix0 + cw, iy0 + ch),
+                    (gx1 - cw, iy0, gx1, iy0 + ch)]
+
+        def place(ix0, iy0, ix1, iy1):
+            for a, cell in zip(axes, cells(ix0, iy0, ix1, iy1)):
+                _place(a, *cell)
+            _place(cax, ix1 - 16, iy0, ix1, iy1)
+
+        place(*area)
+        set_labels(None, None)
+    inner = _fit_axes(r, axes + [cax], area, place)
+    for _ in range(3 if len(axes) > 1 else 1):
+        # Axis labels no longer than the axes they name, the gaps between the views as wide as their
+        # decorations, then fit again.
+        set_labels(None, None)
+        if len(axes) > 1:
+            tight = [a.get_tightbbox(r) for a in axes]
+            gaps[0] = max(axes[1].bbox.x0 - tight[1].x0, 20.0) + 14
+            gaps[1] = max(axes[0].bbox.y0 - tight[0].y0, axes[1].bbox.y0 - tight[1].y0, 20.0) + 14
+        inner = _fit_axes(r, axes + [cax], area, place, start=inner)
+
+    if d == 3:  # the fourth cell: every released center's coordinates, rounded (all of them: report.html)
+        tx0, _ty0, tx1, ty1 = cells(*inner)[3]
+        tx0 -= gaps[0] - 14  # the cell and the gap left of it: nothing else is drawn there
+        table = fig.text(tx0 / fig.bbox.width, ty1 / fig.bbox.height, "", ha="left", va="top",
+                         family="monospace", fontsize=8.5)
+        table.set_text("0" * 10)
+        char_w = table.get_window_extent(r).width / 10
+        lines, key = _center_table_lines(released, weights, names, formats, int((tx1 - tx0) / max(char_w, 1.0)))
+        _fit_table(table, "released centers (original units, rounded)", lines, key, tx1 - tx0, ty1 - area[1], r)
+
+    # Labels: multi-center points first, then by |weight|; each goes where it overlaps nothing. The first
+    # view's labels carry the weight, the other views' only the center's number.
     radius = np.sqrt(sizes / math.pi) * fig.dpi / 72.0
     priority = sorted(range(len(groups)), key=lambda g: (counts[g] == 1, -np.nan_to_num(mag[g])))
-    texts = {}
-    for g in priority:
-        j = int(first[g])
-        texts[g] = (f"#{j}: {_fmt_weight(gweights[g])}" if counts[g] == 1
-                    else f"#{j} x{counts[g]}: {_fmt_weight(gweights[g])}")
-    obstacles = [lg.get_window_extent(r) for lg in [ax.get_legend()] if lg is not None]
-    labeled = _place_labels(ax, r, xy, pix, radius, priority, texts, negative, obstacles, one_d=d == 1)
+    labeled = None
+    for n, (a, xy) in enumerate(zip(axes, points)):
+        pix = a.transData.transform(xy)
+        texts = {}
+        for g in priority:
+            j = int(first[g])
+            name = f"#{j}" if counts[g] == 1 else f"#{j} x{counts[g]}"
+            texts[g] = f"{name}: {_fmt_weight(gweights[g])}" if n == 0 else name
+        obstacles = [lg.get_window_extent(r) for lg in [a.get_legend()] if lg is not None]
+        placed = _place_labels(a, r, xy, pix, radius, priority, texts, negative, obstacles, one_d=d == 1)
+        labeled = placed if labeled is None else labeled
     if labeled < len(groups):
         footer[label_note_index] = (f"labels on {labeled} of {len(groups)} points (heaviest first, where they "
                                     "fit); all values: report.html")
@@ -864,11 +1097,13 @@ def _rules_fit(r, probe, values, rules, value_w, two_lines, sizes):
     return None
 
 
-def _draw_charges(fig, r, ax, span, charges) -> float:
+def _draw_charges(fig, r, ax, span, charges, max_h=None) -> float:
     """Panel (b) as rows: step label | bar of epsilon | 'eps, delta, rule'. Returns its bottom (pixels).
 
-    A rule (mechanism, composition) is never cut: it is written in full in its row, in a smaller
-    font if needed, or else as a key ("[1]") whose full text is in a legend under the rows.
+    A step label is never cut: it is wrapped between words in its column (a row is as tall as its
+    label), in a smaller font if the rows would be taller than ``max_h`` pixels. A rule (mechanism,
+    composition) is never cut either: it is written in full in its row, in a smaller font if needed, or
+    else as a key ("[1]") whose full text is in a legend under the rows.
     """
     x0, x1, top = span
     ax.set_title("(b) privacy spent per step (\u03b5 bar, \u03b5 and \u03b4 written)", fontsize=12, loc="left")
@@ -879,7 +1114,8 @@ def _draw_charges(fig, r, ax, span, charges) -> float:
     label_w, bar_x, bar_w, value_x = 0.44 * w, 0.455 * w, 0.18 * w, 0.65 * w
     value_w = w - value_x - 2
     eps = np.array([float(c.get("epsilon") or 0.0) for c in rows])
-    values = [f"\u03b5 = {_fmt(eps[i])}, \u03b4 = {_fmt(c.get('delta', 0.0))}" for i, c in enumerate(rows)]
+    values = [f"\u03b5 = {_fmt_budget(eps[i])}, \u03b4 = {_fmt_budget(c.get('delta', 0.0))}"
+              for i, c in enumerate(rows)]
     rules = ["; ".join(_row_rules(c)) for c in rows]
     probe = fig.text(0, 0, "", fontsize=8.5)
     rule_size = _rules_fit(r, probe, values, rules, value_w, two_lines,
@@ -892,9 +1128,24 @@ def _draw_charges(fig, r, ax, span, charges) -> float:
                  for c in rows]
         rule_size = 8.0 if two_lines else 8.5
     probe.set_fontsize(8.5)
-    probe.set_text("Ag\nAg" if two_lines else "Ag")
-    row_h = probe.get_window_extent(r).height + 6
+    probe.set_text("Ag")
+    head_h = probe.get_window_extent(r).height + 6
     probe.remove()
+    # The value column of each row: epsilon and delta, and the rule (under them in grey, or after them),
+    # wrapped between words to the column (never cut).
+    cells = []
+    for i in range(len(rows)):
+        if two_lines and rules[i]:
+            v = ax.text(0, 0, "", ha="left", va="top", fontsize=8.5)
+            _wrap(v, values[i], value_w, r, break_words=False)
+            rule = ax.text(0, 0, "", ha="left", va="top", fontsize=rule_size, color="0.35")
+            _wrap(rule, rules[i], value_w, r, break_words=False)
+            cells.append((v, rule))
+        else:
+            v = ax.text(0, 0, "", ha="left", va="top", fontsize=rule_size if rules[i] else 8.5)
+            _wrap(v, values[i] + (f"; {rules[i]}" if rules[i] else ""), value_w, r, break_words=False)
+            cells.append((v, None))
+    cell_hs = [sum(t.get_window_extent(r).height for t in cell if t is not None) for cell in cells]
     key = None
     if legend:  # under the rows, each rule in full, wrapped between words only
         key = ax.text(0, 0, "", ha="left", va="top", fontsize=8, color="0.25")
@@ -905,7 +1156,17 @@ def _draw_charges(fig, r, ax, span, charges) -> float:
             if key.get_window_extent(r).width <= w - 4:
                 break
     key_h = key.get_window_extent(r).height + 6 if key is not None else 0.0
-    height = (max(len(rows), 1) + 1) * row_h + key_h
+    # Step labels wrapped to their column (never cut), in the largest font at which the rows fit ``max_h``.
+    labels = [ax.text(0, 0, "", ha="left", va="center") for _ in rows]
+    row_hs = []
+    for size in (8.5, 8.0, 7.5, 7.0):
+        for label, c in zip(labels, rows):
+            label.set_fontsize(size)
+            _wrap(label, str(c.get("step", "?")), label_w - 4, r, break_words=True)
+        row_hs = [max(label.get_window_extent(r).height, h) + 6 for label, h in zip(labels, cell_hs)]
+        if max_h is None or head_h + sum(row_hs) + key_h <= max_h:
+            break
+    height = head_h + (sum(row_hs) if rows else 2 * head_h) + key_h
     # The title sits above the axes: measure how far, so title and axes fit under ``top``.
     _place(ax, x0, top - 40 - height, x1, top - 40)
     title_h = ax.title.get_window_extent(r).y1 - ax.bbox.y1
@@ -918,27 +1179,24 @@ def _draw_charges(fig, r, ax, span, charges) -> float:
     grey = "0.35"
     for x, text in ((0, "step"), (bar_x, "\u03b5 (bar)"),
                     (value_x, "\u03b5, \u03b4; rule" + (" [key below]" if legend else ""))):
-        ax.text(x, -row_h / 2, text, ha="left", va="center", fontsize=8.5, color=grey, fontweight="bold")
+        ax.text(x, -head_h / 2, text, ha="left", va="center", fontsize=8.5, color=grey, fontweight="bold")
     biggest = float(eps.max()) if eps.size and eps.max() > 0 else 1.0
-    for i, c in enumerate(rows):
-        yc = -(i + 1.5) * row_h
-        label = ax.text(0, yc, "", ha="left", va="center", fontsize=8.5)
-        if two_lines:
-            _wrap(label, str(c.get("step", "?")), label_w, r, max_lines=2)
-        else:
-            _ellipsize(label, str(c.get("step", "?")), label_w, r)
-        ax.add_patch(Rectangle((bar_x, yc - row_h * 0.3), max(bar_w * eps[i] / biggest, 0.0), row_h * 0.6,
+    y = -head_h
+    bar_h = 0.6 * head_h
+    for i in range(len(rows)):
+        yc = y - row_hs[i] / 2
+        y -= row_hs[i]
+        labels[i].set_position((0, yc))
+        ax.add_patch(Rectangle((bar_x, yc - bar_h / 2), max(bar_w * eps[i] / biggest, 0.0), bar_h,
                                color="tab:blue", alpha=0.8))
-        if two_lines and rules[i]:  # epsilon and delta above, the rule below in grey
-            v = ax.text(value_x, yc, "", ha="left", va="bottom", fontsize=8.5)
-            _ellipsize(v, values[i], value_w, r)
-            ax.text(value_x, yc, rules[i], ha="left", va="top", fontsize=rule_size, color=grey)
-        else:
-            v = ax.text(value_x, yc, "", ha="left", va="center", fontsize=rule_size if rules[i] else 8.5)
-            _ellipsize(v, values[i] + (f"; {rules[i]}" if rules[i] else ""), value_w, r)
+        v, rule = cells[i]  # centred on the row as a block
+        v.set_position((value_x, yc + cell_hs[i] / 2))
+        if rule is not None:
+            rule.set_position((value_x, yc + cell_hs[i] / 2 - v.get_window_extent(r).height))
     if key is not None:
-        key.set_position((2, -(len(rows) + 1) * row_h - 4))
+        key.set_position((2, y - 4))
     return ax.bbox.y0
+
 
 
 # --------------------------------------------------------------------------
@@ -950,9 +1208,10 @@ def _summary_lines(info, k) -> tuple[list[str], list[str]]:
     """(left column, right column) of panel (c): privacy, ledger, run | parameters, timings."""
     left = [
         "Privacy (this run)",
-        f"  spent by this run:      epsilon {_fmt(info.get('epsilon_spent'))}, delta {_fmt(info.get('delta_spent'))}",
-        f"  configured for the run: epsilon {_fmt(info.get('epsilon_configured'))}, "
-        f"delta {_fmt(info.get('delta_configured'))}",
+        f"  spent by this run:      epsilon {_fmt_budget(info.get('epsilon_spent'))}, "
+        f"delta {_fmt_budget(info.get('delta_spent'))}",
+        f"  configured for the run: epsilon {_fmt_budget(info.get('epsilon_configured'))}, "
+        f"delta {_fmt_budget(info.get('delta_configured'))}",
         "",
         "Ledger (this input, all runs incl. this one)",
     ]
@@ -964,12 +1223,10 @@ def _summary_lines(info, k) -> tuple[list[str], list[str]]:
             spent = ledger.get(f"spent_{key}")
             budget = ledger.get(f"budget_{key}")
             if budget is None:
-                left.append(f"  {label} spent {_fmt(spent)} (no budget cap)")
+                left.append(f"  {label} spent {_fmt_budget(spent)} (no budget cap)")
             else:
-                remaining = ledger.get(f"remaining_{key}")
-                if remaining is None and spent is not None:
-                    remaining = float(budget) - float(spent)
-                left.append(f"  {label} spent {_fmt(spent)} of cap {_fmt(budget)}, remaining {_fmt(remaining)}")
+                left.append(f"  {label} spent {_fmt_budget(spent)} of cap {_fmt_budget(budget)}, "
+                            f"remaining {_fmt_budget(_remaining(ledger, key))}")
     left += ["", "Run", f"  k = {info.get('k', k)}, objective = {info.get('objective', '?')}",
              f"  algorithm = {info.get('algorithm', '?')}"]
     degenerate = info.get("degenerate")
@@ -982,8 +1239,7 @@ def _summary_lines(info, k) -> tuple[list[str], list[str]]:
     if params:
         right.append("Parameters")
         for key, value in params.items():
-            text = _fmt(value) if isinstance(value, (int, float, np.number)) else str(value)
-            right.append(f"  {key} = {text}")
+            right.append(f"  {key} = {_fmt_param(value)}")
     timings = info.get("timings") or {}
     if timings:
         total = sum(float(v) for v in timings.values() if v is not None)
@@ -1055,8 +1311,8 @@ def build_html(info: dict, png: bytes | None = None) -> str:
     source = _input_parts(info.get("input"))
     if source is not None:  # in full (the figure may shorten it)
         parts.append(f"<p class='input'>{html.escape(_input_line(*source))}</p>")
-    parts += [f"<p class='spent'>{html.escape(_spent_text(info))}</p>",
-              f"<p class='spent'>{html.escape(_ledger_text(info.get('ledger')))}</p>"]
+    parts += [f"<p class='spent'>{html.escape(_spent_text(info, 12))}</p>",
+              f"<p class='spent'>{html.escape(_ledger_text(info.get('ledger'), 12))}</p>"]
     if info.get("seed_note"):
         parts.append(f"<p class='warn'>{html.escape(str(info['seed_note']))}</p>")
     degenerate = info.get("degenerate")
@@ -1072,14 +1328,18 @@ def build_html(info: dict, png: bytes | None = None) -> str:
         parts.append(f"<p class='warn'>{NON_PRIVATE_LABEL}: computed from the data, do not publish</p>")
     if png:
         parts.append(f"<img alt='report.png' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
-    rows = [[i, *(_fmt(v) for v in c), _fmt_weight(w)]
-            for i, (c, w) in enumerate(zip(centers.reshape(len(weights), -1), weights))]
+    flat = centers.reshape(len(weights), -1)
+    formats = _coordinate_formats(flat, _domain(info.get("domain"), flat.shape[1]))
+    rows = [[i, *(f(v) for f, v in zip(formats, c)), _fmt_weight(w)] for i, (c, w) in enumerate(zip(flat, weights))]
     parts += ["<h2>Released centers (original units) and noisy weights</h2>",
+              "<p>Coordinates rounded to about 1/10,000 of each feature's width (the public domain's, else the "
+              "centers' own spread); the exact values are in summary.json and the centers table.</p>",
               _table(["cluster", *names, "noisy weight"], rows)]
     charges = info.get("charges") or []
     parts += ["<h2>Privacy charges</h2>",
               _table(["step", "epsilon", "delta", "rule"],
-                     [[c.get("step", ""), _fmt(c.get("epsilon")), _fmt(c.get("delta")), c.get("rule", "")] for c in charges])]
+                     [[c.get("step", ""), _fmt_budget(c.get("epsilon"), 12), _fmt_budget(c.get("delta"), 12),
+                       c.get("rule", "")] for c in charges])]
     ledger = info.get("ledger")
     parts.append("<h2>Ledger (this input, all runs including this one)</h2>")
     if ledger is None:
@@ -1087,15 +1347,15 @@ def build_html(info: dict, png: bytes | None = None) -> str:
     else:
         lrows = []
         for key in ("epsilon", "delta"):
-            spent, budget = ledger.get(f"spent_{key}"), ledger.get(f"budget_{key}")
-            remaining = None if budget is None or spent is None else float(budget) - float(spent)
-            lrows.append([key, _fmt(spent), "no cap" if budget is None else _fmt(budget),
-                          _fmt(ledger.get(f"ledger_cap_{key}")), _fmt(remaining)])
+            budget = ledger.get(f"budget_{key}")
+            lrows.append([key, _fmt_budget(ledger.get(f"spent_{key}"), 12),
+                          "no cap" if budget is None else _fmt_budget(budget, 12),
+                          _fmt_budget(ledger.get(f"ledger_cap_{key}"), 12), _fmt_budget(_remaining(ledger, key), 12)])
         parts.append(_table(["", "spent (all runs on this input)", "cap for this run", "the ledger's cap",
                              "remaining"], lrows))
     params = info.get("parameters") or {}
     parts += ["<h2>Parameters (public)</h2>",
-              _table(["key", "value"], [[k, v if isinstance(v, str) else json.dumps(v, default=str)] for k, v in params.items()])]
+              _table(["key", "value"], [[k, _fmt_param(v, 12)] for k, v in params.items()])]
     timings = info.get("timings") or {}
     if timings:  # wall times grow with n: the runner passes them only with non-private diagnostics
         parts += ["<h2 class='warn'>Timings (NON-PRIVATE: wall times depend on the data)</h2>",

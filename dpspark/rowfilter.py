@@ -580,8 +580,10 @@ def apply(spark, df, text: str):
     if is_connect(spark):
         raise ConfigError(KEY, "is not available on a Spark Connect session: its totality rests on the filter "
                                "being analysed with ANSI mode off and checked on its analysed plan, which only a "
-                               "classic session allows; filter the table before (a table of its own, with its own "
-                               "budget), or run on a classic session")
+                               "classic session allows: run this config on a classic session (`dpspark run` "
+                               "locally or with spark-submit, against the same ledger), or without input.where. "
+                               "Do not copy the rows into a table of their own: it would get a second, fresh "
+                               "balance for the same people")
     node = parse(text)
     condition = to_column(node, df.columns)
     saved = spark.conf.get("spark.sql.ansi.enabled", None)

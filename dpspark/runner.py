@@ -3,6 +3,9 @@
     pre-flight, no Spark job over the data: output and ledger locations usable
     -> earlier attempts of this run id (``runs/``): a run id that succeeded is not run again
        (exit 0, nothing charged or released) unless ``force``
+    -> Spark's Python workers start and import dpspark's executor modules (one job over spark.range,
+       on every kind of session; locally it also warms the workers): if not, ``PythonWorkersError``
+       (exit 1) before anything is recorded or charged
     -> a ``running`` row in ``runs/`` (attempt N) and a ``started`` ledger event (timed here, written
        in one commit with the attempt's next ledger events: see dpspark.privacy.ledger)
     -> open the input (schema, Delta version: a retry reads its first attempt's version),
@@ -60,7 +63,7 @@ from dpspark.errors import ConfigError, DPSparkError
 from dpspark.privacy.ledger import Ledger
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import log, step
-from dpspark.session import is_connect
+from dpspark.session import check_python_workers, is_connect
 
 ESTIMATORS = {
     "auto": "dpspark.auto.estimator:AutoClustering",
@@ -147,6 +150,7 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
             tables.check_output_location(spark, ledger_path, "privacy.ledger", delta_only=True)
             _check_connect_ledger_input(spark, config)
             a.ledger = Ledger(spark, ledger_path)
+            a.ledger.require_existing()  # a run never creates a ledger (a typo would open a second balance)
         earlier = tables.read_attempts(spark, paths["runs"], run_id)
 
     if earlier:
@@ -155,6 +159,10 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
     if noop is not None:
         return noop
     pinned = next((e.get("input_version") for e in earlier if e.get("input_version") is not None), None)
+    # Spark's Python workers start and import dpspark's executor modules, or the run ends here: before
+    # the attempt begins, so nothing is recorded or charged (PythonWorkersError, exit 1).
+    with step("check the Python workers", timings):
+        _check_python_workers(spark)
 
     a.record.update({
         "algorithm": config.algorithm.name, "objective": config.algorithm.objective, "k": config.algorithm.k,
@@ -168,7 +176,7 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
     # summary.json stays the latest SUCCESSFUL release (its run_id and attempt say which) until this
     # attempt succeeds; the --json line and runs/ say how this attempt ended.
     attempt = a.begin(earlier)  # the running row of runs/ is written in a thread from here
-    _warm_python_workers(spark)  # in a thread: public rows only
+    _warm_python_workers(spark)  # in a thread: public rows only (unless _check_python_workers did it)
     preflight = getattr(estimator, "preflight", None)
     ready = getattr(estimator, "check_ready", None)
     params = config.algorithm.params
@@ -231,6 +239,8 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
         "randomness": randomness.describe(),
         "degenerate": degenerate,
         "outputs": _listed_outputs(paths, run_id, attempt, config.output.report),
+        # when the release was made (UTC; runs/ has the attempt's start and end times too)
+        "released_at": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
     }
     if diagnostics is not None:
         summary["non_private_diagnostics"] = {k: v for k, v in diagnostics.items() if k != "data_sample"}
@@ -436,6 +446,27 @@ def _touch_python_modules(batches):
         yield batch.iloc[:0]
 
 
+def _check_python_workers(spark) -> None:
+    """``dpspark.session.check_python_workers`` before the attempt begins, on every kind of session.
+    In local mode its job runs one task per core and is the warm-up (``_warm_python_workers`` then
+    starts no second job): one job, whose worker start the fit no longer pays for."""
+    slots = _warm_up_slots(spark)
+    if check_python_workers(spark, tasks=slots or 1) and slots:
+        spark.sparkContext._dpspark_warmed = True
+
+
+def _warm_up_slots(spark) -> int | None:
+    """How many local Python workers the warm-up starts; None: no warm-up (see ``_warm_python_workers``)."""
+    if is_connect(spark):
+        return None
+    sc = spark.sparkContext
+    if getattr(sc, "_dpspark_warmed", False) or not str(sc.master).startswith("local"):
+        return None
+    if str(sc.getConf().get("spark.python.worker.reuse", "true")).lower() == "false":
+        return None
+    return max(1, min(int(sc.defaultParallelism), os.cpu_count() or 1))
+
+
 def _warm_python_workers(spark):
     """Start the local Python workers while the driver opens the input and charges the ledger.
 
@@ -444,16 +475,13 @@ def _warm_python_workers(spark):
     only (``range``: no private value, no noise) in a daemon thread leaves them ready for the fit
     (``spark.python.worker.reuse``). Only in local mode (a cluster's executors start their own) and
     once per session; a failure is ignored (the fit starts the workers as before). Returns the
-    thread, or None when nothing was started. Not on Spark Connect: the server's workers are its own."""
-    if is_connect(spark):
+    thread, or None when nothing was started. Not on Spark Connect: the server's workers are its own.
+    ``_check_python_workers`` usually did it already, before the attempt began."""
+    slots = _warm_up_slots(spark)
+    if slots is None:
         return None
     sc = spark.sparkContext
-    if getattr(sc, "_dpspark_warmed", False) or not str(sc.master).startswith("local"):
-        return None
-    if str(sc.getConf().get("spark.python.worker.reuse", "true")).lower() == "false":
-        return None
     sc._dpspark_warmed = True
-    slots = max(1, min(int(sc.defaultParallelism), os.cpu_count() or 1))
 
     def work():
         try:

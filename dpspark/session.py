@@ -290,6 +290,123 @@ def check_connect_server(spark) -> None:
             f"--conf spark.sql.catalog.spark_catalog={DELTA_CONF['spark.sql.catalog.spark_catalog']}")
 
 
+# What dpspark's passes import in a Spark Python worker (docs/cluster.md, "What the executors need").
+WORKER_MODULES = ("numpy", "pandas", "pyarrow", "dpspark", "dpspark.maxcover.kernels", "dpspark.dplloyd.kernels",
+                  "dpspark.ldp.client")
+_CANNOT_RUN = re.compile(r'Cannot run program "([^"]*)"(?:[^:\n]*: error=\d+, ([^\n)]*))?')
+_NO_MODULE = re.compile(r"No module named '([^']+)'")
+_VERSION_MISMATCH = re.compile(r"(Python in worker has different version[^\n]*)")
+WORKERS_CHECKED = "_dpspark_python_workers_checked"
+
+
+def check_python_workers(spark, tasks: int = 1) -> bool:
+    """Before any charge: Spark's Python workers start and import ``WORKER_MODULES``.
+
+    One job of ``tasks`` rows and tasks over ``spark.range`` (public rows only: no data value can
+    reach its answer or its error), whose plain Python UDF imports each module in the worker and
+    returns what failed with the worker's ``sys.executable``. Any failure raises
+    ``dpspark.errors.PythonWorkersError`` (exit 1) naming ``PYSPARK_PYTHON`` and the workers' Python,
+    the missing module, and on Spark Connect that the SERVER's environment is the one to fix: a run
+    whose workers cannot start fails here, not after its charge (issue 50). ``tasks`` > 1 starts that
+    many workers at once (the runner's local warm-up, ``spark.python.worker.reuse``: they stay for
+    the fit). A Python that cannot be run fails the job at its first task (Spark's local mode tries a
+    task once; a cluster retries it ``spark.task.maxFailures`` times, each failing at once).
+
+    Passed once per session and worker Python (classic: ``SparkContext.pythonExec``): later calls
+    return at once. Returns whether this call ran the job."""
+    from pyspark.sql import functions as F
+
+    from dpspark.errors import PythonWorkersError
+
+    connect = is_connect(spark)
+    holder = spark if connect else spark.sparkContext
+    executable = None if connect else getattr(holder, "pythonExec", None)
+    key = "connect" if connect else str(executable)
+    if getattr(holder, WORKERS_CHECKED, None) == key:
+        return False
+    modules = WORKER_MODULES
+
+    def probe(_):  # nested: pickled by value, so it runs even where dpspark cannot be imported
+        import importlib
+        import json
+        import sys as _sys
+
+        missing = []
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # an ImportError, or a module that fails while importing
+                lacking = getattr(exc, "name", None) or name
+                if lacking not in missing:
+                    missing.append(lacking if isinstance(exc, ImportError) else f"{name} ({type(exc).__name__})")
+        return json.dumps({"missing": missing, "python": _sys.executable})
+
+    tasks = max(1, int(tasks))
+    try:
+        # useArrow=False: a pickled-rows UDF runs even without pyarrow, so the answer lists every missing module
+        probe_udf = F.udf(probe, "string", useArrow=False)
+        answers = [row[0] for row in spark.range(0, tasks, 1, tasks).select(probe_udf("id")).collect()]
+    except Exception as exc:
+        text = str(exc)
+        cannot_run, no_module, mismatch = _CANNOT_RUN.search(text), _NO_MODULE.search(text), _VERSION_MISMATCH.search(text)
+        if cannot_run:
+            executable = cannot_run.group(1)
+            problem = f"cannot be run ({(cannot_run.group(2) or 'the operating system refused to start it').strip()})"
+        elif no_module:
+            problem = f"cannot import {no_module.group(1)!r}"
+        elif mismatch:
+            problem = f"is not the driver's Python version ({mismatch.group(1).strip()[:300]})"
+        else:
+            problem = f"failed a test job over spark.range ({_error_line(exc)})"
+        raise PythonWorkersError(_workers_message(connect, executable, problem), executable,
+                                 no_module.group(1) if no_module else None) from None
+    import json
+
+    for answer in answers:
+        found = json.loads(answer)
+        if found["missing"]:
+            names = found["missing"]
+            raise PythonWorkersError(_workers_message(connect, found["python"], f"cannot import {', '.join(names)}"),
+                                     found["python"], names[0].split(" ")[0])
+    setattr(holder, WORKERS_CHECKED, key)
+    return True
+
+
+_ERROR_LINE = re.compile(r"^\(?[A-Za-z_$][\w.$]*(?:Exception|Error)\)?[: ]")
+
+
+def _error_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s text that names an exception (Py4J's first line names only the call)."""
+    text = str(exc)
+    for line in text.splitlines():
+        line = line.strip().lstrip(":").strip()
+        if _ERROR_LINE.match(line) and "An error occurred while calling" not in line:
+            return line[:300]
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+def _workers_message(connect: bool, executable: str | None, problem: str) -> str:
+    """What ``check_python_workers`` tells the analyst (and the administrator): the workers' Python,
+    what is wrong with it, that nothing was charged, and what to fix where."""
+    needs = "numpy, pandas, pyarrow and dpspark"
+    if connect:
+        python = executable or "the server's PYSPARK_PYTHON"
+        return (f"the Spark Connect server's Python workers cannot run dpspark: their Python "
+                f"({python}) {problem}. Nothing was charged. The SERVER's "
+                f"environment is the one to fix, not this client's: restart the server with PYSPARK_PYTHON set to "
+                f"the ABSOLUTE path of a Python with {needs} (a relative path is resolved in each worker's own "
+                f"working directory, a temporary directory of the server), as docs/cluster.md starts it; the "
+                f"details are in the server's log")
+    configured = os.environ.get("PYSPARK_PYTHON")
+    return (f"Spark's Python workers cannot run dpspark: the executors' Python {executable or 'unknown'} "
+            f"(PYSPARK_PYTHON={configured if configured is not None else 'unset'}) {problem}. Nothing was charged. "
+            f"dpspark's executors need a Python with {needs}: set PYSPARK_PYTHON (or spark.pyspark.python) to the "
+            f"absolute path of one before the session starts (in local mode dpspark.session.get_session() runs "
+            f"the workers on this interpreter, {sys.executable}, when PYSPARK_PYTHON is unset); on a cluster, "
+            f"install them on the executors or ship dpspark (--py-files)")
+
+
 def _build_remote_session(url: str, app_name: str, conf: dict):
     """A Spark Connect session to ``url`` (see the module docstring). Only runtime settings are sent:
     ``PLAN_CONF`` and the job's ``spark.conf``; a key the server does not let a client change (a

@@ -78,7 +78,7 @@ with open(out + "/result.json", "w") as handle:
 '''
 # The runner's top-level steps, in order (old names kept so that an older checkout can be measured);
 # "<algorithm>: fit" goes where FIT is. Anything else in the record is nested inside one of them.
-TOP_STEPS = ["start Spark session", "pre-flight checks", "write runs table (running)",
+TOP_STEPS = ["start Spark session", "pre-flight checks", "check the Python workers", "write runs table (running)",
              "read input table (schema and version)", "privacy ledger: start", "check the public inputs",
              "check that every input is in", "privacy ledger: earlier attempts", "privacy ledger: charge",
              "wait for the runs table (running)", "privacy ledger: fit started", "FIT", "write centers table", "write report.png",

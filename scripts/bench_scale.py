@@ -121,7 +121,8 @@ NUMERIC = {"wall_s", "py_peak_mb", "jvm_peak_mb", "us_per_point", "epsilon_spent
 # Columns of the step breakdown: groups of TOP-LEVEL step names (dpspark's runner and CLI, mllib_job's),
 # the fit of either is "FIT". A top-level step not named here goes to "other steps" (the runner's list grows).
 STEP_COLUMNS = [("Spark session", ["start Spark session"]),
-                ("pre-flight, ledger, runs row", ["pre-flight checks", "write runs table (running)",
+                ("pre-flight, ledger, runs row", ["pre-flight checks", "check the Python workers",
+                                                  "write runs table (running)",
                                                   "wait for the runs table (running)",
                                                   "privacy ledger: start", "privacy ledger: earlier attempts",
                                                   "privacy ledger: charge", "privacy ledger: fit started",

@@ -198,10 +198,10 @@ def test_a_fit_error_quoting_a_record_reaches_the_command_line_by_its_type_only(
     assert main(["run", "--config", cfg, "--run-id", "quote", "--json"], spark=spark) == 1
     captured = capsys.readouterr()
     assert SECRET not in captured.err and SECRET not in captured.out
-    assert "dpspark: RunFailed: the fit failed (RuntimeError); details are in the operator log" in captured.err
+    assert "dpspark: RunFailed: the fit failed (RuntimeError); details are in the attempt's operator record" in captured.err
     outcome = _json_line(captured.out)
     assert outcome["status"] == "failed" and outcome["exit_code"] == 1
-    assert outcome["error"] == "the fit failed (RuntimeError); details are in the operator log"
+    assert outcome["error"].startswith("the fit failed (RuntimeError); details are in the attempt's operator record")
     assert outcome["epsilon_spent"] == (pytest.approx(1.0) if ledgered else 0.0)
     row = spark.read.format("delta").load(c["output"]["path"] + "/runs").first()
     assert row.status == "failed" and row.fit_started and row.error.startswith("RuntimeError")
@@ -261,7 +261,7 @@ def test_dpclustering_fit_error_holds_no_record_value(spark, tmp_path, write_del
         from dpspark.errors import RunFailed
 
         assert type(exc) is RunFailed and exc.error_type == "RuntimeError"
-        assert str(exc) == "the fit failed (RuntimeError); details are in the operator log"
+        assert str(exc).startswith("the fit failed (RuntimeError); ")
     else:  # dpspark's own message passes, its chain (which quotes the record) does not
         assert type(exc) is SchemaError and "'x'" in str(exc)
     assert exc.__cause__ is None and exc.__context__ is None and not _secret_in_chain(exc)

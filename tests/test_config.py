@@ -90,7 +90,7 @@ def test_set_takes_free_text_keys_as_written(tmp_path, item, key, want):
     (lambda r: r["domain"].update(upper=[1]), "domain.upper", "has 1 values"),
     (lambda r: r.pop("domain"), "domain", "required"),
     (lambda r: r["domain"].update(radius=1.0), "domain", "not both"),
-    (lambda r: r["input"].update(features=["x", "y", "z"]), "input.features", "3 columns"),
+    (lambda r: r["input"].update(features=["x", "y", "z"]), "domain.lower/upper", "input.features names 3 columns"),
     (lambda r: r["input"].update(format="xls"), "input.format", "allowed"),
     (lambda r: r["input"].pop("path"), "input.path", "exactly one"),
     (lambda r: r["input"].update(table="db.points"), "input.path", "exactly one"),

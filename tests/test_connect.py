@@ -1,8 +1,9 @@
 """dpspark on a Spark Connect session (issue 29, item 7).
 
-One local Spark Connect server for the module (pyspark ships it: ``SparkConnectServer`` started with
-spark-submit, the Delta JARs of ``dpspark.session.cached_delta_jars()`` and Delta's SQL extension),
-on a free port, stopped with SIGTERM at the end (killed if it hangs). The session is built by
+One local Spark Connect server for the module, started with docs/cluster.md's command as written
+(read from its ``connect-server`` block: pyspark's ``SparkConnectServer`` with Delta Lake, bound to
+127.0.0.1) on a free port, stopped with SIGTERM at the end (killed if it hangs); one more, started
+with a relative PYSPARK_PYTHON, shows a server whose workers cannot start charges nothing. The session is built by
 ``build_session`` from ``$DPSPARK_REMOTE``. Checked here: a ledgered ``DPClustering.fit`` is charged
 and a second one over the cap is refused; ``dpspark run`` with a ledger writes centers, runs and
 summary.json; the lineage check of a Connect DataFrame accepts a plain read of ledgerInput and
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -31,7 +34,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import blobs
+from conftest import ROOT, blobs
 from dpspark import tables
 from dpspark.errors import BudgetRefused, DPSparkError
 from dpspark.privacy.ledger import Ledger
@@ -47,40 +50,59 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _start_server(port: int, log_path: str) -> subprocess.Popen:
-    """A local Spark Connect server with Delta Lake (what a deployment runs, on one machine)."""
-    from pyspark.find_spark_home import _find_spark_home
+# docs/cluster.md's server command, as the tests run it: read from the block under this marker.
+CLUSTER_DOC = ROOT / "docs" / "cluster.md"
+SERVER_MARK = "<!-- connect-server: tests/test_connect.py starts its servers with this block -->"
+DOC_PORT = "spark.connect.grpc.binding.port=15002"
+DOC_PYTHON = 'PYSPARK_PYTHON="$PWD/.venv/bin/python"'
+# Added to the documented command for the tests only: speed and quiet logs, nothing dpspark relies on.
+TEST_ONLY_CONF = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.ui.enabled": "false",
+}
 
+
+def documented_connect_commands() -> list[str]:
+    """docs/cluster.md's Connect block as logical commands (continuations joined): the server, then the client."""
+    text = CLUSTER_DOC.read_text(encoding="utf-8")
+    assert SERVER_MARK in text, "docs/cluster.md lost its connect-server block"
+    body = text.split(SERVER_MARK, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    commands, current = [], ""
+    for line in body.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1]
+            continue
+        commands.append((current + line).strip())
+        current = ""
+    return commands
+
+
+def _start_server(port: int, log_path: str, python: str = DOC_PYTHON) -> subprocess.Popen:
+    """A local Spark Connect server with Delta Lake (what a deployment runs, on one machine): docs/cluster.md's
+    command as written, run by bash from a scratch copy of the project root (symlinks to its .venv, .cache
+    and dpspark/: the server writes spark-warehouse/ into its working directory), with the port replaced,
+    ``python`` in place of its PYSPARK_PYTHON setting and TEST_ONLY_CONF added. Its own process group."""
     from dpspark import session
 
-    jars = session.cached_delta_jars()
-    if not jars:
-        session.fetch_packages(session.DELTA_PACKAGE, session.ivy_dir())
-        jars = session.cached_delta_jars()
-    jars = jars + [session.LOG_STORE_JAR]  # as docs/cluster.md's server command: a ledger's charges need it
-    home = _find_spark_home()
-    conf = {
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
-        **session.DELTA_CONF,
-        "spark.delta.logStore.file.impl": session.EXCLUSIVE_LOG_STORE,
-        "spark.sql.shuffle.partitions": "4",
-        "spark.default.parallelism": "4",
-        "spark.databricks.delta.snapshotPartitions": "2",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.ui.enabled": "false",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={session.SPARK_LOG_CONFIG} "
-                                         + session.SMALL_JOB_JAVA_OPTIONS,
-    }
-    command = [os.path.join(home, "bin", "spark-submit"), "--master", "local[2]",
-               "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--jars", ",".join(jars)]
-    for key, value in conf.items():
-        command += ["--conf", f"{key}={value}"]
-    env = {k: v for k, v in os.environ.items() if k not in _ENV and k != "PYSPARK_GATEWAY_PORT"}
-    env.update(SPARK_HOME=home, PYSPARK_PYTHON=sys.executable)  # the server's Python workers: this venv
+    server = documented_connect_commands()[0]
+    assert server.count(DOC_PORT) == 1 and server.count(DOC_PYTHON) == 1, server
+    server = server.replace(DOC_PORT, f"spark.connect.grpc.binding.port={port}").replace(DOC_PYTHON, python)
+    conf = {**TEST_ONLY_CONF, "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={session.SPARK_LOG_CONFIG} "
+                                                               + session.SMALL_JOB_JAVA_OPTIONS}
+    server += "".join(f" --conf {shlex.quote(f'{key}={value}')}" for key, value in conf.items())
+    scratch = os.path.dirname(log_path)
+    for name in (".venv", ".cache", "dpspark"):
+        os.symlink(ROOT / name, os.path.join(scratch, name))
+    env = {k: v for k, v in os.environ.items()
+           if k not in _ENV and k not in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_HOME", "PYSPARK_PYTHON")}
     with open(log_path, "wb") as log:
-        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=os.path.dirname(log_path))
+        return subprocess.Popen(["bash", "-c", server], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, cwd=scratch, start_new_session=True)
 
 
 def _wait_for(server: subprocess.Popen, port: int, log_path: str) -> None:
@@ -99,13 +121,17 @@ def _wait_for(server: subprocess.Popen, port: int, log_path: str) -> None:
 
 
 def _stop(server: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (bash, spark-submit, the JVM: started by ``_start_server``),
+    SIGKILL if it hangs."""
     if server.poll() is None:
-        server.send_signal(signal.SIGTERM)
         try:
+            os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=30)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +224,21 @@ def test_the_remote_url_is_the_deployments(monkeypatch):
     monkeypatch.setenv("DPSPARK_REMOTE", "local[2]")
     with pytest.raises(DPSparkError, match="sc://host:port"):
         session.build_session()
+
+
+def test_the_documented_server_binds_localhost_and_runs_an_absolute_python():
+    """docs/cluster.md's Connect server command (the one ``_start_server`` runs): bound to 127.0.0.1, its
+    workers' Python an absolute path (a relative one names nothing in the workers' temporary directory:
+    issue 50), no Python version in any path, and a word on authentication for a real deployment."""
+    commands = documented_connect_commands()
+    server, client = commands[0], commands[-1]
+    assert len(commands) == 2 and "SparkConnectServer" in server
+    assert "--conf spark.connect.grpc.binding.address=127.0.0.1 " in server
+    assert DOC_PYTHON in server and DOC_PORT in server
+    assert not re.search(r"python3\.\d+", "\n".join(commands))
+    assert client.startswith("DPSPARK_REMOTE=sc://127.0.0.1:15002 .venv/bin/dpspark run ")
+    after = CLUSTER_DOC.read_text(encoding="utf-8").split(SERVER_MARK, 1)[1]
+    assert "must put authentication in front of it" in after[:4000]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,6 +386,44 @@ def test_cli_run_with_a_ledger_writes_every_output(connect, data, tmp_path, caps
     ledger = Ledger(connect, ledger_path)
     assert ledger.totals(data.key).spent_epsilon == pytest.approx(1.0)
     assert [e["status"] for e in ledger.runs(data.key)] == ["started", "charged", "fit_started", "succeeded"]
+
+
+def test_a_server_whose_workers_cannot_start_charges_nothing(connect, data, tmp_path):
+    """Issue 50's blocker: docs/cluster.md's server command with a RELATIVE ``PYSPARK_PYTHON=.venv/bin/python``
+    (what the docs said before): the server starts and answers SQL, but its Python workers start in a
+    temporary directory where that path names nothing. A ledgered ``dpspark run`` against it (the docs'
+    client line, as a process) exits 1 with nothing charged and nothing in the ledger, and says to fix
+    the server's PYSPARK_PYTHON with an absolute path. Fails without the pre-charge probe of the workers
+    (``dpspark.session.check_python_workers``): the run was charged epsilon 1, then failed in its fit.
+    Costs a second server (about 30-40 s to start on a shared 2-core machine)."""
+    scratch = tmp_path / "relative-server"
+    scratch.mkdir()
+    port, log_path = _free_port(), str(scratch / "server.log")
+    server = _start_server(port, log_path, python="PYSPARK_PYTHON=.venv/bin/python")
+    try:
+        ledger_path = str(tmp_path / "ledger")
+        Ledger(connect, ledger_path).set_budget(data.key, 3.0, 0.0)  # through the module's (working) server
+        cfg = _config(tmp_path, data.table, ledger_path)
+        _wait_for(server, port, log_path)
+        client = documented_connect_commands()[-1]
+        assert client.startswith("DPSPARK_REMOTE=sc://127.0.0.1:15002 .venv/bin/dpspark run ")
+        env = {k: v for k, v in os.environ.items()
+               if k not in _ENV and k not in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "DPSPARK_LEDGER")}
+        env["DPSPARK_REMOTE"] = f"sc://127.0.0.1:{port}"
+        done = subprocess.run([sys.executable, "-m", "dpspark.cli", "run", "--config", cfg, "--run-id", "relative",
+                               "--json"], env=env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    finally:
+        _stop(server)
+    assert done.returncode == 1, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (outcome["status"], outcome["exit_code"], outcome["epsilon_spent"], outcome["attempt"]) == ("failed", 1, 0.0, None)
+    error = outcome["error"]
+    assert "Spark Connect server" in error and "PYSPARK_PYTHON" in error and ".venv/bin/python" in error, error
+    assert "absolute" in error.lower() and "Nothing was charged" in error and "PythonWorkersError" in done.stderr
+    ledger = Ledger(connect, ledger_path)
+    assert ledger.totals(data.key).spent_epsilon == 0.0
+    assert ledger.runs() == []  # no started, charged or failed event
+    assert not os.path.exists(tmp_path / "out" / "runs")  # no attempt was recorded
 
 
 def test_a_table_replaced_between_the_check_and_the_fit_releases_nothing(connect, data, tmp_path, monkeypatch, capsys):

@@ -167,12 +167,12 @@ def test_a_raised_bound_in_a_ledgered_run_is_refused_before_the_charge(spark, tm
     assert _spent(spark, ledger, key) == (0.0, 0.0)
 
 
-@pytest.mark.parametrize("overrides,route", [({"k": 1001}, "maxcover"), ({"epsilon": 100.0}, "tree_lloyd"),
-                                             ({"k": 30000}, "tree_lloyd")])
+@pytest.mark.parametrize("overrides,route", [({"k": 128}, "maxcover"), ({"k": 1001}, "tree_lloyd"),
+                                             ({"epsilon": 100.0}, "tree_lloyd"), ({"k": 30000}, "tree_lloyd")])
 def test_auto_validates_the_route_it_chooses_before_the_charge(overrides, route):
     """auto's 2-d route is maxcover; public inputs it cannot take (its coverage loop's per-pick weight
-    over 1 at epsilon 100; a grid over 10^6 points at k 30000) choose the tree route instead of a
-    failure after the charge, and k > 1000 has enough candidates (it failed after the charge)."""
+    over 1 at epsilon 100; a grid over 10^6 points at k 30000) or takes too slowly (k over 128: k = 1001
+    ran 15 minutes after its charge) choose the tree route instead of a failure after the charge."""
     from dpspark.runner import estimator_class
 
     raw = _maxcover_raw()
@@ -186,3 +186,32 @@ def test_auto_validates_the_route_it_chooses_before_the_charge(overrides, route)
                                         else (config.privacy.epsilon, 0.0))
     if route == "maxcover":
         estimator._maxcover(None)._validated_params()  # what the fit builds: valid before any charge
+
+
+def test_a_ledger_path_with_no_ledger_is_refused_and_nothing_is_created(spark, tmp_path, write_delta, capsys):
+    """A typo in privacy.ledger created a new, empty ledger there (with started and refused events),
+    and the message told the administrator to set a budget THERE: a second balance for the same
+    table (issue 50). A run or a fit never creates a ledger: exit 3, nothing written."""
+    from dpspark.errors import BudgetRefused
+    from dpspark.ml import DPClustering
+
+    path = write_delta(points_frame(30))
+    ledger = str(tmp_path / "ledger")
+    set_budget(spark, ledger, path)
+    typo = str(tmp_path / "ledgr")
+    cfg, _ = make_config(tmp_path, path, **{"privacy.ledger": typo, "seed": None, "unsafe_fixed_seed": False})
+    capsys.readouterr()
+    assert main(["run", "--config", cfg, "--run-id", "typo", "--json"], spark=spark) == 3
+    out = capsys.readouterr()
+    assert f"no ledger at {typo}" in out.err and "set-budget" in out.err and "$DPSPARK_LEDGER" in out.err
+    assert json.loads(out.out.strip().splitlines()[-1])["epsilon_spent"] == 0.0
+    assert not os.path.exists(typo)
+    df = spark.read.format("delta").load(path)
+    with pytest.raises(BudgetRefused, match="no ledger at"):
+        DPClustering(k=3, epsilon=1.0, lower=[0.0, 0.0], upper=[100.0, 100.0], inputCols=["x", "y"], algorithm="dplloyd",
+                     ledgerPath=typo, ledgerInput=path).fit(df)
+    assert not os.path.exists(typo)
+    # the real ledger still works, and holds nothing of the refused attempts
+    cfg, _ = make_config(tmp_path, path, **{"privacy.ledger": ledger, "seed": None, "unsafe_fixed_seed": False})
+    assert main(["run", "--config", cfg, "--run-id", "real"], spark=spark) == 0
+    assert [e["run_id"] for e in Ledger(spark, ledger).runs()] == ["real"] * 4

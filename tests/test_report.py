@@ -6,6 +6,8 @@ ledger, whose cap is the ledger's; the runner's NOT PRIVATE note for a fixed-see
 """
 
 import html
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -317,6 +319,10 @@ LAYOUT_CASES = {
     "k40_d10_40charges_grouped": dict(k=40, d=10, charges=40),
     "ldp_identical_degenerate": dict(k=4, d=2, charges=3, identical=True, degenerate=DEGENERATE),
     "ldp_identical_d6_no_domain": dict(k=4, d=6, charges=3, identical=True, domain=False, degenerate=DEGENERATE),
+    "k8_d3": dict(k=8, d=3, charges=12),
+    "k100_d3_diagnostics_seed": dict(k=100, d=3, charges=12, diagnostics=True, seed_note=SEED_NOTE),
+    "k5_d3_no_domain_3charges": dict(k=5, d=3, charges=3, domain=False),
+    "ldp_identical_d3_degenerate": dict(k=4, d=3, charges=3, identical=True, degenerate=DEGENERATE),
     "everything_at_once": dict(k=100, d=50, charges=12, diagnostics=True, seed_note=SEED_NOTE,
                                degenerate=DEGENERATE, ledger=False),
 }
@@ -383,8 +389,8 @@ def test_a_speck_of_centers_is_drawn_in_the_public_domain():
     for lo, hi in (ax.get_xlim(), ax.get_ylim()):
         assert lo <= 0.0 and hi >= 1000.0
     assert any("the axes show all of it" in t for t in figure_texts(fig))
-    # A projection (d > 2): a speck is shown within the projected domain, not magnified.
-    fig = build_figure(hard_info(k=4, d=3, charges=3, identical=True))
+    # A projection (d > 3): a speck is shown within the projected domain, not magnified.
+    fig = build_figure(hard_info(k=4, d=4, charges=3, identical=True))
     assert fig.axes[0].get_xlim()[1] - fig.axes[0].get_xlim()[0] >= 1000.0
     assert any("shows the whole domain" in t for t in figure_texts(fig))
     # Without a domain in info, the centers' own magnitude is the scale (still no 1e-5 axis).
@@ -392,10 +398,10 @@ def test_a_speck_of_centers_is_drawn_in_the_public_domain():
     ax = build_figure(info).axes[0]
     scale = np.abs(np.asarray(info["centers"])).max()
     assert ax.get_xlim()[1] - ax.get_xlim()[0] > 0.05 * scale
-    # A healthy spread in a projection (d > 2) is zoomed on the centers, not on the domain.
-    info = hard_info(k=5, d=3, charges=3)
-    info["centers"] = [[400.0, 400.0, 400.0], [450.0, 420.0, 410.0], [420.0, 480.0, 430.0],
-                       [470.0, 470.0, 440.0], [430.0, 440.0, 470.0]]
+    # A healthy spread in a projection (d > 3) is zoomed on the centers, not on the domain.
+    info = hard_info(k=5, d=4, charges=3)
+    info["centers"] = [[400.0, 400.0, 400.0, 400.0], [450.0, 420.0, 410.0, 430.0], [420.0, 480.0, 430.0, 410.0],
+                       [470.0, 470.0, 440.0, 450.0], [430.0, 440.0, 470.0, 420.0]]
     xlo, xhi = build_figure(info).axes[0].get_xlim()
     assert xhi - xlo < 300.0
 
@@ -576,5 +582,151 @@ def test_rule_names_are_written_in_full(n, rule):
     texts = [t.get_text() for t in fig.axes[1].texts]
     flat = [" ".join(t.split()) for t in texts]  # wrapped lines joined again
     assert any(rule in t for t in flat)
-    for t in texts:  # only step labels may be shortened
-        assert not t.endswith("\u2026") or t.startswith(tuple(s[:10] for s in LONG_STEPS)), t
+    for t in texts:  # nothing in the panel is cut: step labels are wrapped, not shortened
+        assert "\u2026" not in t, t
+
+
+# --------------------------------------------------------------------------
+# The new-user trial's points (issue 50, minor item 7)
+# --------------------------------------------------------------------------
+
+
+def three_feature_info():
+    info = make_info(d=3, k=3, weights=[120.0, 45.5, -2.0])
+    info["feature_names"] = ["age", "income", "visits"]
+    info["centers"] = [[12.3456, 45.678, 78.9012], [60.0, 20.25, 5.5], [90.1, 95.2, 50.05]]
+    info["domain"] = {"lower": [0.0, 0.0, 0.0], "upper": [100.0, 100.0, 100.0]}
+    return info
+
+
+def test_three_features_are_drawn_as_feature_pairs_with_their_values():
+    """d = 3: three views, x-y, x-z, y-z, whose axes are the features (not principal components), each with the
+    public box, and a table of every center's coordinates (rounded to 1e-4 of the domain's width) beside them."""
+    info = three_feature_info()
+    fig = build_figure(info)
+    views = fig.axes[:1] + fig.axes[3:-1]  # (a) is created first; the two other views before the colorbar
+    assert len(views) == 3
+    assert [(a.get_xlabel(), a.get_ylabel()) for a in views] == [("age", "income"), ("age", "visits"),
+                                                                 ("income", "visits")]
+    centers = np.asarray(info["centers"])
+    for a, (i, j) in zip(views, ((0, 1), (0, 2), (1, 2))):
+        offsets = np.asarray(centers_scatter_in(a, 3).get_offsets())
+        assert sorted(map(tuple, offsets.round(6))) == sorted(map(tuple, centers[:, [i, j]].round(6)))
+        (box,) = outline_patches(a)
+        assert isinstance(box, Rectangle) and box.get_xy() == (0.0, 0.0)
+        assert (box.get_width(), box.get_height()) == (100.0, 100.0)
+        assert a.get_xlim()[0] <= 0.0 and a.get_xlim()[1] >= 100.0
+    texts = figure_texts(fig)
+    assert not any("PC1" in t or "principal" in t for t in texts)
+    (table,) = [t for t in texts if t.startswith("released centers (original units")]
+    header, *rows = table.split("\n")[1:5]
+    assert header.split() == ["#", "age", "income", "visits", "weight"]
+    assert [r.split() for r in rows] == [["0", "12.35", "45.68", "78.90", "120"],
+                                         ["1", "60.00", "20.25", "5.50", "45.5"],
+                                         ["2", "90.10", "95.20", "50.05", "-2"]]
+    assert any("dashed outline: the public domain (box [0, 100] x [0, 100] x [0, 100])" in t for t in texts)
+
+
+def centers_scatter_in(ax, k):
+    return [c for c in ax.collections if isinstance(c, PathCollection) and len(c.get_offsets()) == k][0]
+
+
+def test_long_feature_names_are_in_the_figure_in_full(monkeypatch):
+    """Long names wrap (between their parts) on the axes and under the table: none is cut."""
+    info = hard_info(k=8, d=3, charges=12)
+    fig = build_figure(info)
+    drawn = drawn_text_extents(fig, monkeypatch)
+    assert layout_problems(fig, drawn) == []
+    flat = [re.sub(r"\s*\n\s*", "", t) for t, _ in drawn]  # wrapped lines joined again
+    for name in info["feature_names"]:
+        assert sum(name in t for t in flat) >= 3  # two axis labels and the table's key
+    assert not any("\u2026" in t for t, _ in drawn if not t.startswith("input: "))
+
+
+def test_more_than_three_features_keep_the_projection_and_point_to_the_table():
+    info = make_info(d=10, k=5)
+    info["domain"] = {"lower": [-1.0] * 10, "upper": [1.0] * 10}
+    fig = build_figure(info)
+    texts = [" ".join(t.split()) for t in figure_texts(fig)]  # wrapped lines joined again
+    assert len(fig.axes) == 4 and outline_patches(fig.axes[0]) == []
+    assert any("the public domain is not drawn; every center's coordinates: the table in report.html" in t
+               for t in texts)
+    page = build_html(info)
+    for j in range(10):
+        assert f"<th>feat_{j}</th>" in page
+    for c in info["centers"]:  # width 2: four decimals
+        assert "<td>" + "</td><td>".join(f"{v:.4f}".replace("-0.0000", "0.0000") for v in c) + "</td>" in page
+
+
+def test_coordinates_are_rounded_to_the_domain_in_html():
+    info = make_info(d=2, k=2)
+    info["centers"] = [[123456.789, 0.5], [999999.0, 0.25]]
+    info["domain"] = {"lower": [0.0, 0.0], "upper": [1e6, 1.0]}
+    page = build_html(info)
+    assert "<td>0</td><td>123457</td><td>0.5000</td>" in page and "<td>1</td><td>999999</td><td>0.2500</td>" in page
+    assert "e+05" not in page
+    # Without a public domain: the centers' own spread sets the rounding.
+    info["domain"] = None
+    info["centers"] = [[10.0, 1.23456789], [20.0, 2.5]]
+    assert "<td>0</td><td>10.000</td><td>1.2346</td>" in build_html(info)
+
+
+def test_step_names_are_wrapped_not_cut(monkeypatch):
+    """The trial's cut step names: with more than 6 rows every step label is drawn in full, wrapped."""
+    steps = [LONG_STEPS[i % 3] + f" [{i}]" for i in range(12)]
+    for n in (12, 3):
+        info = make_info()
+        info["charges"] = [{"step": steps[i], "epsilon": 0.5 / n, "delta": 0.0, "rule": "discrete Laplace"}
+                           for i in range(n)]
+        fig = build_figure(info)
+        drawn = drawn_text_extents(fig, monkeypatch)
+        assert layout_problems(fig, drawn) == []
+        labels = [" ".join(t.split()) for t in (x.get_text() for x in fig.axes[1].texts)]
+        for step in steps[:n]:
+            assert step in labels
+        assert not any("\u2026" in t for t in labels)
+        assert any("\n" in t.get_text() for t in fig.axes[1].texts)  # long ones took two lines
+
+
+def test_budget_numbers_are_written_without_float_noise():
+    """remaining_delta 1e-5 - 2e-6 = 8.000000000000001e-06 reads 8e-06; %g style with 6 significant digits in
+    the figure and 12 in report.html (not 4: 1/3 reads 0.333333)."""
+    info = make_info()
+    info.update(epsilon_spent=1 / 3, epsilon_configured=1 / 3, delta_spent=0.1 + 0.2, delta_configured=0.3)
+    info["ledger"].update(spent_delta=2e-6, budget_delta=1e-5, ledger_cap_delta=1e-5, remaining_delta=1e-5 - 2e-6,
+                          spent_epsilon=0.1 + 0.2, budget_epsilon=1.0, ledger_cap_epsilon=1.0,
+                          remaining_epsilon=1.0 - (0.1 + 0.2))
+    info["charges"] = [{"step": "step one", "epsilon": 0.1 + 0.2, "delta": 1e-5 - 2e-6, "rule": "laplace"}]
+    info["parameters"] = {"eps_split": 0.1 + 0.2, "fraction": 1 / 3, "grid": True, "iterations": 12}
+    assert repr(info["ledger"]["remaining_delta"]) == "8.000000000000001e-06"
+    texts = figure_texts(build_figure(info))
+    page = build_html(info)
+    joined = "\n".join(texts)
+    for noise in ("8.000000000000001e-06", "0.30000000000000004", "0.7000000000000001", "0.3333333333333333"):
+        assert noise not in joined and noise not in page
+    assert "remaining 8e-06" in joined and "remaining 0.7" in joined
+    assert "epsilon 0.333333, delta 0.3" in joined
+    assert "\u03b5 = 0.3, \u03b4 = 8e-06" in joined  # panel (b)
+    assert "eps_split = 0.3" in joined and "fraction = 0.333333" in joined and "grid = true" in joined
+    assert "\u03b5 = 0.333333333333" in page
+    assert "<td>delta</td><td>2e-06</td><td>1e-05</td><td>1e-05</td><td>8e-06</td>" in page
+    assert "<td>eps_split</td><td>0.3</td>" in page and "<td>grid</td><td>true</td>" in page
+    assert "<td>step one</td><td>0.3</td><td>8e-06</td>" in page
+
+
+def test_the_docs_say_where_the_domain_is_drawn_as_the_figure_does():
+    """docs/outputs.md and the figure agree: the public domain is a dashed outline for d <= 3 (the axes are
+    features) and not drawn for d > 3 (the axes are principal components)."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "outputs.md").read_text()
+    bullet = " ".join(docs.split("- `report.png`:", 1)[1].split("- `report.html`", 1)[0].split())
+    assert "dashed outline" in bullet and "d <= 3" in bullet and "d > 3" in bullet
+    assert "the public domain is not drawn" in bullet and "d = 3" in bullet and "table" in bullet
+    for d, drawn in ((1, True), (2, True), (3, True), (4, False), (10, False)):
+        info = make_info(d=d, k=4)
+        info["domain"] = {"lower": [-1.0] * d, "upper": [1.0] * d}
+        fig = build_figure(info)
+        texts = [" ".join(t.split()) for t in figure_texts(fig)]  # the footnote's lines joined again
+        views = fig.axes[:1] + fig.axes[3:-1]
+        assert all(len(outline_patches(a)) == (1 if drawn else 0) for a in views)
+        assert any("dashed outline: the public domain (box [-1, 1]" in t for t in texts) == drawn
+        assert any("the public domain is not drawn" in t for t in texts) == (not drawn)

@@ -230,6 +230,42 @@ def test_avoidable_failures_are_found_before_the_charge(spark, tmp_path, case, c
         assert main(["validate", "--config", cfg]) == 2
 
 
+def test_a_run_whose_python_workers_cannot_start_charges_nothing(spark, tmp_path):
+    """Issue 50: a whole `dpspark run --json` process whose executors' Python cannot start
+    (PYSPARK_PYTHON=/nonexistent/bin/python), with a ledger whose budget was set before: exit 1,
+    nothing charged, nothing in the ledger or runs/, and the message names PYSPARK_PYTHON and that
+    Python. Fails without the pre-charge probe of the workers: the run was charged epsilon 1, then
+    failed in its fit (RunFailed: Py4JJavaError)."""
+    import sys
+
+    table, ledger_path, out = str(tmp_path / "t"), str(tmp_path / "ledger"), str(tmp_path / "out")
+    spark.createDataFrame(day_rows(1)).write.format("delta").save(table)
+    assert main(["ledger", "set-budget", "--ledger", ledger_path, "--input", table, "--epsilon", "5",
+                 "--delta", "0"], spark=spark) == 0  # the administrator's command, in this process's session
+    cfg = daily_config(tmp_path, table, ledger_path, out)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DPSPARK_LEDGER", "DPSPARK_REMOTE", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED",
+                        "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET")}
+    env["PYSPARK_PYTHON"] = "/nonexistent/bin/python"
+    dpspark = os.path.join(os.path.dirname(sys.executable), "dpspark")
+    command = [dpspark] if os.path.exists(dpspark) else [sys.executable, "-m", "dpspark.cli"]
+    done = subprocess.run(command + ["run", "--config", cfg, "--run-id", "noworkers", "--json"], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert done.returncode == 1, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (outcome["status"], outcome["exit_code"], outcome["epsilon_spent"], outcome["attempt"]) == ("failed", 1, 0.0, None)
+    error = outcome["error"]
+    assert "PYSPARK_PYTHON" in error and "/nonexistent/bin/python" in error and "Nothing was charged" in error, error
+    assert "PythonWorkersError" in done.stderr
+    show = subprocess.run(command + ["ledger", "show", "--ledger", ledger_path, "--json"], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert show.returncode == 0, show.stderr[-3000:]
+    shown = json.loads(show.stdout.strip().splitlines()[-1])
+    assert [(b["spent_epsilon"], b["remaining_epsilon"]) for b in shown["balances"]] == [(0.0, 5.0)]
+    assert [e["status"] for e in shown["events"]] == ["set-budget"]  # no started, charged or failed event
+    assert not os.path.exists(os.path.join(out, "runs"))  # no attempt was recorded
+
+
 def test_input_selection_version_timestamp_where_and_catalog_table(spark, tmp_path):
     """input.version / input.timestamp pin what is read, input.where filters before bounding, and
     input.table reads a catalog table; all of them charge the table's ONE budget."""

@@ -7,7 +7,8 @@
 The choice (``choose``) reads only the public inputs: d, k, the objective and the
 configured (epsilon, delta); never the data:
 
-- d <= ``GRID_MAX_DIM`` and delta > 0: maxcover with its default candidates there,
+- d <= ``GRID_MAX_DIM``, k <= ``MAXCOVER_MAX_K``, delta > 0 and public inputs maxcover's own
+  validation accepts (its coverage loop's per-pick weight at most 1): maxcover with its default candidates there,
   ``grid_or_private`` (the best method in 2-3 dimensions in the project's benchmark): a noisy
   row count chooses a public grid of max(1000, 40 k) points, or the private grid cells when
   it shows at least ``maxcover.params.PRIVATE_MIN_SIGNAL`` points per cluster at this epsilon;
@@ -63,6 +64,10 @@ from dpspark.privacy.randomness import Randomness
 from dpspark.progress import step
 
 GRID_MAX_DIM = 3
+# The maxcover route's driver work grows with k^2 (a grid of max(1000, 40 k) candidates, 2 k ln 2
+# picks per threshold, each an exponential mechanism over the grid): at k = 1001 on a 120-row table a
+# fit took over 15 minutes after its charge (the config fuzzer). Above this public k, the tree route.
+MAXCOVER_MAX_K = 128
 ROOT_SHARE = 0.04
 # (tree, sums) shares of epsilon for k-means; the rest goes to the selection and the Lloyd steps.
 # Measured (numpy reference, 11-31 seeded runs per cell, eps 0.5 and 1) against (0.26, 0.20):
@@ -91,8 +96,9 @@ ROUTES = {
 def choose(dim: int, objective: str, delta: float) -> tuple[str, str]:
     """(route, why) from public inputs only."""
     if dim <= GRID_MAX_DIM and delta > 0:
-        return "maxcover", (f"d={dim} <= {GRID_MAX_DIM} and delta={delta:g} > 0: grid candidates cover the domain "
-                            "finely, and maxcover on them is the most accurate method measured in few dimensions")
+        return "maxcover", (f"d={dim} <= {GRID_MAX_DIM} and delta={delta:g} > 0: maxcover, with a public grid or private "
+                            "grid cells as candidates (a noisy row count picks one), is the most accurate method "
+                            "measured in few dimensions")
     why = (f"d={dim} > {GRID_MAX_DIM}: grid cells thin out in many dimensions, random hyperplane cells do not"
            if dim > GRID_MAX_DIM else "delta=0: maxcover needs delta > 0, the tree route is pure epsilon-DP")
     return ("tree_lloyd" if objective == "kmeans" else "tree_kmedian"), why
@@ -183,6 +189,10 @@ class AutoClustering:
         if len(self.features) not in (1, self.domain.dim):
             raise ValueError(f"features={list(self.features)} should name {self.domain.dim} columns or one array column")
         route, why = choose(self.domain.dim, self.objective, float(self.delta))
+        if route == "maxcover" and int(self.k) > MAXCOVER_MAX_K:
+            return (("tree_lloyd" if self.objective == "kmeans" else "tree_kmedian"),
+                    f"k={self.k} > {MAXCOVER_MAX_K}: maxcover's driver work grows with k^2 (a grid of 40 k candidates, "
+                    "2 k ln 2 picks per threshold); the tree route's does not")
         if route == "maxcover":
             # The route's own validation, before any charge: public inputs for which maxcover cannot
             # run (its coverage loop's per-pick weight eps' > 1 at a large epsilon, a grid too large

@@ -377,7 +377,9 @@ class MaxCover:
             noisy_weights=np.asarray(center_weights, dtype=np.float64), epsilon_spent=accountant.spent_epsilon,
             delta_spent=accountant.spent_delta, charges=accountant.summary(), domain=self.domain,
             features=self.features, feature_names=feature_names,
-            parameters={"k": self.k, "objective": self.objective, **asdict(params)},
+            parameters={"k": self.k, "objective": self.objective, **asdict(params),
+                        # eps_* and delta_candidates are FRACTIONS of the run's epsilon and delta
+                        "epsilon_by_step": {k: v[0] for k, v in budget.items()}},
             info={
                 "candidates": params.candidates, "candidate_count": int(n_cand), "thresholds": int(ts.size),
                 "picks_per_threshold": int(min(m, n_cand)), "picks": len(picks), "chosen_centers": len(chosen),

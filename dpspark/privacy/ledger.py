@@ -326,9 +326,16 @@ class LedgerTotals:
             "budget_delta": self.budget_delta,
             "ledger_cap_epsilon": self.ledger_cap_epsilon,
             "ledger_cap_delta": self.ledger_cap_delta,
-            "remaining_epsilon": None if self.budget_epsilon is None else max(0.0, self.budget_epsilon - self.spent_epsilon),
-            "remaining_delta": None if self.budget_delta is None else max(0.0, self.budget_delta - self.spent_delta),
+            "remaining_epsilon": None if self.budget_epsilon is None else _shown(self.budget_epsilon - self.spent_epsilon),
+            "remaining_delta": None if self.budget_delta is None else _shown(self.budget_delta - self.spent_delta),
         }
+
+
+def _shown(remaining: float) -> float:
+    """A remaining budget as shown (summary, report, refusals): at least 0, and rounded to 12
+    significant digits so that a difference of doubles reads as written (1e-05 - 2e-06 is
+    8.000000000000001e-06). Never used to decide a charge: ``_within_budget`` compares the exact totals."""
+    return float(f"{max(0.0, remaining):.12g}")
 
 
 class Ledger:
@@ -368,6 +375,18 @@ class Ledger:
 
     def exists(self) -> bool:
         return self._columns() is not None
+
+    def require_existing(self, key: str = "privacy.ledger") -> None:
+        """``BudgetRefused`` (exit 3) unless a ledger is at this path: a run never creates one (a typo
+        in the path would otherwise open a second, empty ledger, and a balance set there would be a
+        second budget for the same people). Only the administrator's ``set-budget`` creates a ledger.
+        A local ledger is looked up by delta-rs (no Spark job), any other by its schema."""
+        if self.exists_without_spark() or self.exists():
+            return
+        raise BudgetRefused(
+            f"privacy budget refused: no ledger at {self.path} ({key}): nothing was created or charged. Check the "
+            "path: the ledger is the one the administrator created with `dpspark ledger set-budget --ledger PATH "
+            "--input TABLE ...` (a deployment fixes it with $DPSPARK_LEDGER)")
 
     def _ensure_table(self, create: bool = True, fresh: bool = False) -> bool | None:
         """True once the ledger table exists with every column (created empty if missing and ``create``);
@@ -893,8 +912,8 @@ class Ledger:
             out.append({
                 "input_key": r["input_path"], "input_seen": r.get("input_seen"), "guarantee": r.get("guarantee") or "central",
                 "cap_epsilon": cap_eps, "cap_delta": cap_delta, "spent_epsilon": r["epsilon"], "spent_delta": r["delta"],
-                "remaining_epsilon": None if cap_eps is None else max(0.0, cap_eps - r["epsilon"]),
-                "remaining_delta": None if cap_eps is None else max(0.0, (cap_delta or 0.0) - r["delta"]),
+                "remaining_epsilon": None if cap_eps is None else _shown(cap_eps - r["epsilon"]),
+                "remaining_delta": None if cap_eps is None else _shown((cap_delta or 0.0) - r["delta"]),
             })
         return out
 
