@@ -356,7 +356,7 @@ def _arrange(end: str, monkeypatch, lake_face, face_name: str):
             raise ValueError("a value of the data: 41.7")
         monkeypatch.setattr(DPLloyd, "fit", fails)
     elif end == "invalid_config":
-        def bad(self, spark, input_key):
+        def bad(self, spark, input_key, ledger=None):
             raise ConfigError("algorithm.k", "k=3 is not allowed here")
         monkeypatch.setattr(DPLloyd, "preflight", bad, raising=False)
     elif end == "killed@started":

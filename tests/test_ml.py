@@ -273,7 +273,7 @@ def test_explain_params_documents_every_param_and_every_family_option():
     (dict(algorithm="dplloyd", delta=0.0), "candidateCount"),  # a maxcover option given to dplloyd
     (dict(algorithm="nope"), "algorithm"),
     (dict(objective="kmedoids"), "objective"),
-    (dict(inputCols=["x", "y", "z"]), "inputCols"),
+    (dict(inputCols=["x", "y", "z"]), "lower/upper"),  # the bounds or the columns: both named
     (dict(ledgerPath="/tmp/ledger"), "ledgerInput"),
 ])
 def test_bad_param_value_raises_naming_the_param(params, param):
