@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, blobs
+from test_readme import command_lines
 from dpspark import tables
 from dpspark.errors import BudgetRefused, DPSparkError
 from dpspark.privacy.ledger import Ledger
@@ -70,16 +71,7 @@ def documented_connect_commands() -> list[str]:
     text = CLUSTER_DOC.read_text(encoding="utf-8")
     assert SERVER_MARK in text, "docs/cluster.md lost its connect-server block"
     body = text.split(SERVER_MARK, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    commands, current = [], ""
-    for line in body.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if line.endswith("\\"):
-            current += line[:-1]
-            continue
-        commands.append((current + line).strip())
-        current = ""
-    return commands
+    return command_lines(body)
 
 
 def _start_server(port: int, log_path: str, python: str = DOC_PYTHON) -> subprocess.Popen:

@@ -473,24 +473,8 @@ class Ledger:
         event = self._event(kind="admin", input_path=input_key, status="set-budget", guarantee=guarantee,
                             cap_epsilon=float(epsilon), cap_delta=float(delta), actor=who, input_seen=input_seen,
                             note=note)
-        created = False
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                if (attempt > 0 or not self._ready) and not self.exists():
-                    # A new ledger: created by this commit (mode "error": if another run created it
-                    # meanwhile, this write fails as a conflict and the retry MERGEs into theirs).
-                    self._write_rows([balance, event], mode="error")
-                    self._ready, created = True, True
-                else:
-                    self._ensure_table(fresh=attempt > 0)
-                    self._merge([balance, event], "t.entry_id = s.entry_id",
-                                {"cap_epsilon": "cap_epsilon", "cap_delta": "cap_delta", "updated_at": "updated_at",
-                                 "actor": "actor"})
-                break
-            except Exception as exc:
-                if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
-                    raise
-                time.sleep(random.uniform(0.05, 0.5))
+        created = self._admin_commit([balance, event], {"cap_epsilon": "cap_epsilon", "cap_delta": "cap_delta",
+                                                        "updated_at": "updated_at", "actor": "actor"})
         if created:  # this commit made the table: nothing was ever charged
             return LedgerTotals(input_path=input_key, spent_epsilon=0.0, spent_delta=0.0, budget_epsilon=float(epsilon),
                                 budget_delta=float(delta), guarantee=guarantee, ledger_cap_epsilon=float(epsilon),
@@ -514,19 +498,27 @@ class Ledger:
                         status="public", updated_at=self._now(), actor=who, input_seen=table_seen, note=note)
         event = self._event(kind="admin", input_path=table_key, status="set-public", actor=who, input_seen=table_seen,
                             note=note)
+        self._admin_commit([row, event], {"updated_at": "updated_at", "actor": "actor"})
+
+    def _admin_commit(self, rows: list[tuple], matched_update: dict) -> bool:
+        """ONE commit of an administrative change: ``rows`` (a row keyed by its ``entry_id``, updated with
+        ``matched_update`` when it exists, and a new event). On a new ledger the table is created by this
+        commit (mode "error": if another run created it meanwhile, the write fails as a conflict and the
+        retry MERGEs into theirs). Returns whether this commit created the ledger."""
         for attempt in range(MAX_ATTEMPTS):
             try:
                 if (attempt > 0 or not self._ready) and not self.exists():
-                    self._write_rows([row, event], mode="error")
+                    self._write_rows(rows, mode="error")
                     self._ready = True
-                else:
-                    self._ensure_table(fresh=attempt > 0)
-                    self._merge([row, event], "t.entry_id = s.entry_id", {"updated_at": "updated_at", "actor": "actor"})
-                return
+                    return True
+                self._ensure_table(fresh=attempt > 0)
+                self._merge(rows, "t.entry_id = s.entry_id", matched_update)
+                return False
             except Exception as exc:
                 if not _is_conflict(exc) or attempt == MAX_ATTEMPTS - 1:
                     raise
                 time.sleep(random.uniform(0.05, 0.5))
+        raise RuntimeError("unreachable")
 
     def _key_rows(self, kinds: tuple, key: str) -> list[dict]:
         """The rows of these kinds for ``key`` (delta-rs on a local ledger, else Spark); [] without a ledger."""
