@@ -309,9 +309,10 @@ class Attempt:
         self._settle_runs()
         self._move("publishing")
 
-    def succeed(self, write=None, label: str = "write runs table and summary.json") -> None:
+    def succeed(self, write=None, label: str = "write runs table and summary.json", note: str | None = None) -> None:
         """publishing -> succeeded: the runs/ row, then ``write()`` (the summaries), then the ledger's
-        ``succeeded`` (a failure before it still removes what was written and records ``failed``)."""
+        ``succeeded`` (a failure before it still removes what was written and records ``failed``).
+        ``note``: public text the ledger keeps with the event (e.g. the domain estimate's share)."""
         self._require("publishing")
         self.record.update(status="succeeded", ended_at=now())
         if self.runs is not None or write is not None:
@@ -324,7 +325,7 @@ class Attempt:
         if self.ledger is not None:
             with step("privacy ledger: end", self.timings):
                 self.ledger.mark(self.input_key, self.run_id, "succeeded", attempt=self.number,
-                                 guarantee=self.guarantee)
+                                 guarantee=self.guarantee, note=note)
 
     def _require(self, state: str) -> None:
         if self.state != state:

@@ -66,6 +66,10 @@ class DomainConfig:
     lower: tuple[float, ...] | None = None
     upper: tuple[float, ...] | None = None
     radius: float | None = None
+    # "private": the box is released by the run (dpspark.privacy.bounds), inside its epsilon and
+    # delta; lower/upper, if given, are then only the public outer box the estimate searches.
+    estimate: str | None = None
+    epsilon_share: float | None = None
 
     @property
     def kind(self) -> str:
@@ -359,7 +363,7 @@ def validate(raw: dict) -> Config:
     if input_cfg.privacy_unit in input_cfg.features:
         raise ConfigError("input.privacy_unit", f"{input_cfg.privacy_unit!r} is also a feature column")
 
-    domain_cfg = _validate_domain(Section("domain", raw["domain"], ("lower", "upper", "radius", "dim")), input_cfg)
+    domain_cfg = _validate_domain(Section("domain", raw["domain"], ("lower", "upper", "radius", "dim", "estimate", "epsilon_share")), input_cfg)
 
     priv = Section("privacy", raw.get("privacy"), ("epsilon", "delta", "ledger", "budget"))
     ledger = _deployment_ledger(priv.string("ledger"))
@@ -393,6 +397,10 @@ def validate(raw: dict) -> Config:
     validator: Callable = importlib.import_module(FAMILIES[name]).validate_params
     params = validator(Section("algorithm", family_raw, tuple(family_raw)), objective=objective, k=k, dim=domain_cfg.dim, privacy=privacy_cfg)
     algorithm_cfg = AlgorithmConfig(name=name, objective=objective, k=k, params=params)
+    if name == "ldp" and domain_cfg.estimate is not None:
+        raise ConfigError("domain.estimate", "is not available with algorithm.name=ldp: the local model has no trusted "
+                                             "curator to see the records a central estimate needs; give public bounds "
+                                             "(lower/upper or radius)")
     if name == "ldp" and input_cfg.where is not None:
         # The local protocol treats the number of reports as public (each user's report is
         # epsilon-LDP; the server's estimates use the exact count). A filter makes that count a
@@ -455,10 +463,10 @@ def _check_plan(config: Config) -> None:
     """The family's own validation (its estimator's ``privacy_plan``, which the run calls again before
     its charge), here before Spark starts: a config that the estimator would refuse is a config error
     (exit 2), never a failure after the charge. ``auto`` validates the route it chooses."""
-    from dpspark.runner import estimator_class  # the estimators import this module's callers
+    from dpspark.runner import build_estimator  # the estimators import this module's callers
 
     try:
-        plan_eps, plan_delta = estimator_class(config.algorithm.name).from_config(config).privacy_plan()
+        plan_eps, plan_delta = build_estimator(config).privacy_plan()
     except ValueError as exc:
         raise ConfigError("algorithm", f"{config.algorithm.name} refuses this config: {exc}") from None
     if plan_eps > config.privacy.epsilon * (1 + 1e-12) or plan_delta > config.privacy.delta * (1 + 1e-12):
@@ -534,8 +542,23 @@ def _spark_value(v) -> str:
     return str(v)
 
 
+ESTIMATES = ("private",)
+EPSILON_SHARE_MAX = 0.5
+
+
 def _validate_domain(dom: Section, inp: InputConfig) -> DomainConfig:
     has_box = dom.has("lower") or dom.has("upper")
+    estimate = dom.string("estimate", None, choices=ESTIMATES)
+    if dom.has("epsilon_share") and estimate is None:
+        raise ConfigError("domain.epsilon_share", "is the private estimate's share of epsilon: it needs domain.estimate: private")
+    share = None
+    if estimate is not None:
+        from dpspark.privacy.bounds import DEFAULT_EPSILON_SHARE
+
+        share = dom.number("epsilon_share", DEFAULT_EPSILON_SHARE, low=0.0, low_open=True, high=EPSILON_SHARE_MAX)
+        if dom.has("radius"):
+            raise ConfigError("domain.radius", "the private estimate releases a box: give no radius with domain.estimate "
+                                               "(lower/upper, if given, are the public outer box it searches)")
     if has_box and dom.has("radius"):
         raise ConfigError("domain", "give either a box (lower, upper) or a ball (radius), not both")
     if dom.has("radius"):
@@ -545,8 +568,16 @@ def _validate_domain(dom: Section, inp: InputConfig) -> DomainConfig:
             raise ConfigError("domain.dim", "is required with a ball domain when the features are one array column")
         _check_feature_count(inp, dim, "domain.dim")
         return DomainConfig(dim=dim, radius=radius)
+    if not has_box and estimate is not None:
+        dim = dom.integer("dim", len(inp.features) if len(inp.features) > 1 else None, low=1)
+        if dim is None:
+            raise ConfigError("domain.dim", "is required with domain.estimate and no outer box when the features are one "
+                                            "array column")
+        _check_feature_count(inp, dim, "domain.dim")
+        return DomainConfig(dim=dim, estimate=estimate, epsilon_share=share)
     if not has_box:
-        raise ConfigError("domain", "needs PUBLIC bounds: lower and upper (a box) or radius (an L2 ball); they are never taken from the data")
+        raise ConfigError("domain", "needs PUBLIC bounds: lower and upper (a box) or radius (an L2 ball), or "
+                                    "estimate: private (a charged private estimate); they are never taken from the data")
     lower = dom.numbers("lower", required=True)
     upper = dom.numbers("upper", required=True)
     if len(lower) != len(upper):
@@ -560,7 +591,7 @@ def _validate_domain(dom: Section, inp: InputConfig) -> DomainConfig:
     if dim != len(lower):
         raise ConfigError("domain.dim", f"is {dim} but the box has {len(lower)} dimensions")
     _check_feature_count(inp, dim, "domain.lower/upper")
-    return DomainConfig(dim=dim, lower=lower, upper=upper)
+    return DomainConfig(dim=dim, lower=lower, upper=upper, estimate=estimate, epsilon_share=share)
 
 
 def _check_feature_count(inp: InputConfig, dim: int, bounds: str) -> None:

@@ -88,12 +88,19 @@ _COMMON = (
      "clustering objective: " + " | ".join(config_mod.OBJECTIVES) + " (dplloyd: kmeans only)."),
     ("lower", "domain.lower", _T.toListFloat,
      "PUBLIC lower bounds of the data's box domain, one per dimension (never taken from the data; "
-     "values outside are clipped). Give lower and upper, or radius."),
+     "values outside are clipped). Give lower and upper, or radius, or estimateDomain."),
     ("upper", "domain.upper", _T.toListFloat, "PUBLIC upper bounds of the box domain, one per dimension."),
     ("radius", "domain.radius", _T.toFloat,
      "PUBLIC radius of an L2-ball domain around the origin (instead of lower/upper)."),
     ("dim", "domain.dim", _T.toInt,
-     "number of dimensions; needed only with radius and one vector/array features column."),
+     "number of dimensions; needed only with radius, or estimateDomain without lower/upper, and one "
+     "vector/array features column."),
+    ("estimateDomain", "domain.estimate", _T.toString,
+     "'private': the fit releases its own box (per-feature bounds from noisy histograms, charged inside "
+     "epsilon and delta) instead of needing lower/upper; lower/upper, if set, are then only a loose public "
+     "outer box to search. Unset: lower/upper or radius are required."),
+    ("domainEpsilonShare", "domain.epsilon_share", _T.toFloat,
+     "with estimateDomain: the share of epsilon the estimate of the box spends (0 < share <= 0.5; default 0.1)."),
     ("featuresCol", "input.features", _T.toString,
      "features column: a vector (e.g. VectorAssembler's output) or an array of numbers, or one numeric "
      "column when the domain has one dimension. A row whose vector is null, or has a null, NaN or infinite "
@@ -277,7 +284,7 @@ def _param_for_key(key: str, features_param: str) -> str:
     if base == "input.features":
         return features_param
     if base == "domain":
-        return "lower/upper/radius"
+        return "lower/upper/radius/estimateDomain"
     if base == "domain.lower/upper":
         return "lower/upper"
     if base.startswith("algorithm.eps_split"):
@@ -437,7 +444,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
         from dpspark.attempt import Attempt, Awaiting, checked_plan
         from dpspark.privacy.ledger import Ledger
         from dpspark.privacy.randomness import Randomness
-        from dpspark.runner import collapse_of, estimator_class, new_run_id
+        from dpspark.runner import build_estimator, collapse_of, estimate_note, new_run_id
 
         config = self.toConfig()  # before any Spark job: a bad Param costs nothing
         chosen_id = self.getOrDefault(self.runId) if self.isSet(self.runId) else None
@@ -447,7 +454,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
         spark = dataset.sparkSession
         name = config.algorithm.name
         randomness = Randomness(config.seed)
-        family = estimator_class(name).from_config(config, randomness=randomness)
+        family = build_estimator(config, randomness)
         plan = checked_plan(family, config)
         if not randomness.private:
             log.warning("seed=%s: a testing aid; this fit is NOT PRIVATE", randomness.seed)
@@ -502,7 +509,7 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
             if a.ledger is not None:  # Connect re-resolves the path at each action: still the charged table?
                 tables.check_still_the_input(spark, tables.qualify(config.input.path), input_key)
             a.fitted(result.epsilon_spent, result.delta_spent)
-            a.succeed()
+            a.succeed(note=estimate_note(result))
             return result
 
         attempt = Attempt(spark, chosen_id or new_run_id())

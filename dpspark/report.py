@@ -1229,6 +1229,12 @@ def _summary_lines(info, k) -> tuple[list[str], list[str]]:
                             f"remaining {_fmt_budget(_remaining(ledger, key))}")
     left += ["", "Run", f"  k = {info.get('k', k)}, objective = {info.get('objective', '?')}",
              f"  algorithm = {info.get('algorithm', '?')}"]
+    source = info.get("domain_source") or {}
+    if source.get("source") == "private estimate":
+        clipped = source.get("noisy_clipped_fraction") or [0.0]
+        left += ["", "Domain: released by this run's private estimate",
+                 f"  epsilon {_fmt_budget(source.get('epsilon'))}, delta {_fmt_budget(source.get('delta'))} of the run's",
+                 f"  records outside it (noisy, largest over features): {100.0 * max(clipped):.1f}%"]
     degenerate = info.get("degenerate")
     if degenerate:
         left += ["", f"{DEGENERATE_LABEL} (see above)",
@@ -1335,6 +1341,18 @@ def build_html(info: dict, png: bytes | None = None) -> str:
               "<p>Coordinates rounded to about 1/10,000 of each feature's width (the public domain's, else the "
               "centers' own spread); the exact values are in summary.json and the centers table.</p>",
               _table(["cluster", *names, "noisy weight"], rows)]
+    source = info.get("domain_source") or {}
+    if source.get("source") == "private estimate":
+        clipped = list(source.get("noisy_clipped_fraction") or [])
+        parts += ["<h2>Domain released by this run's private estimate</h2>",
+                  f"<p>epsilon {html.escape(_fmt_budget(source.get('epsilon'), 12))}, delta "
+                  f"{html.escape(_fmt_budget(source.get('delta'), 12))} of this run's charge; outer box: "
+                  f"{html.escape(str(source.get('outer')))}. The share of records outside is a NOISY (released) "
+                  "number.</p>",
+                  _table(["feature", "lower", "upper", "records outside (noisy)"],
+                         [[n, _fmt(lo), _fmt(hi), f"{100.0 * c:.1f}%"] for n, lo, hi, c in
+                          zip(names or [f"x{i}" for i in range(len(clipped))], source.get("lower") or [],
+                              source.get("upper") or [], clipped)])]
     charges = info.get("charges") or []
     parts += ["<h2>Privacy charges</h2>",
               _table(["step", "epsilon", "delta", "rule"],

@@ -78,6 +78,29 @@ def estimator_class(name: str):
     return getattr(importlib.import_module(module), attr)
 
 
+def build_estimator(config, randomness: Randomness | None = None):
+    """The estimator a run or a fit uses: the family's, behind a private estimate of its box when
+    ``domain.estimate`` is set (``dpspark.estimated_domain``)."""
+    family = estimator_class(config.algorithm.name)
+    if config.domain.estimate is None:
+        return family.from_config(config, randomness=randomness)
+    from dataclasses import replace
+
+    from dpspark.config import DomainConfig
+    from dpspark.estimated_domain import DomainEstimating
+
+    def build(epsilon: float, delta: float, domain):
+        inner = replace(config, domain=DomainConfig(dim=domain.dim, lower=tuple(domain.lower), upper=tuple(domain.upper)),
+                        privacy=replace(config.privacy, epsilon=epsilon, delta=delta))
+        return family.from_config(inner, randomness=randomness)
+
+    d = config.domain
+    return DomainEstimating(build, dim=d.dim, epsilon=config.privacy.epsilon, delta=config.privacy.delta,
+                            outer=None if d.lower is None else (tuple(d.lower), tuple(d.upper)),
+                            features=config.input.features, privacy_unit=config.input.privacy_unit,
+                            epsilon_share=d.epsilon_share, seed=config.seed, randomness=randomness)
+
+
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(4)
 
@@ -230,6 +253,8 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
         "feature_names": model.feature_names, "charges": model.charges,
         "charge_reused_from": a.record["charge_reused_from"],
         "parameters": model.parameters,
+        # the box (or ball) the release used: the configured one, or the one the run released (domain.estimate)
+        "domain": _released_domain(model),
         # The Delta version read: table metadata the analyst also sees in runs/ and --json (docs/privacy.md)
         "input": {"path": table.path, "key": a.input_key, "format": config.input.format, "where": config.input.where,
                   "version": table.version},
@@ -268,14 +293,23 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
         tables.write_json(spark, run_summary_path(paths, run_id), summary)
         tables.write_json(spark, paths["summary"], summary)
 
-    a.succeed(write_summaries)  # runs/, the summaries, then the ledger's succeeded
+    a.succeed(write_summaries, note=estimate_note(model))  # runs/, the summaries, then the ledger's succeeded
     return RunResult(run_id=run_id, status="succeeded", summary=summary, outputs=paths, model=model, attempt=attempt,
                      input_version=table.version)
 
 
+def estimate_note(model) -> str | None:
+    """The ledger's note on a release whose box the run estimated: that step's share of the charge."""
+    est = (model.info or {}).get("domain_estimate")
+    if not isinstance(est, dict):
+        return None
+    return (f"of this charge, epsilon={est['epsilon']:.6g}, delta={est['delta']:.6g} released the domain "
+            "(domain.estimate: private)")
+
+
 def _declared(config, randomness: Randomness):
     """The family's estimator and its checked plan, and the warnings every attempt starts with."""
-    estimator = estimator_class(config.algorithm.name).from_config(config, randomness=randomness)
+    estimator = build_estimator(config, randomness)
     plan = checked_plan(estimator, config)
     if not randomness.private:
         log.warning("seed=%s: a testing aid; this run is NOT PRIVATE", randomness.seed)
@@ -415,7 +449,7 @@ def collapse_of(config, model):
     the CLI's summary and dpspark.ml's summary both carry it as ``degenerate``)."""
     from dpspark.degenerate import describe_collapse
 
-    d = config.domain
+    d = model.domain  # the configured domain, or the released one (domain.estimate)
     width = [2.0 * d.radius] * d.dim if d.radius is not None else [hi - lo for lo, hi in zip(d.lower, d.upper)]
     try:
         found = describe_collapse(model.centers, model.noisy_weights, config.algorithm.k, width,
@@ -428,8 +462,20 @@ def collapse_of(config, model):
     return found
 
 
-def _public_domain(config) -> dict:
-    d = config.domain
+def _released_domain(model) -> dict:
+    """summary.json's ``domain``: the box or ball the release used and where it came from; for a
+    private estimate also its share of the budget and the NOISY share of records outside (released)."""
+    est = (model.info or {}).get("domain_estimate")
+    if not isinstance(est, dict):
+        return {**_public_domain(model.domain), "source": "config"}
+    return {**_public_domain(model.domain), "source": "private estimate", "epsilon": est["epsilon"],
+            "delta": est["delta"], "outer": est["outer"], "noisy_clipped_fraction": est["noisy_clipped_fraction"],
+            "fallback_features": est["fallback_features"]}
+
+
+def _public_domain(domain) -> dict:
+    """The domain the release used: configured (public), or released by the run's estimate."""
+    d = domain
     return {"radius": d.radius} if d.radius is not None else {"lower": list(d.lower), "upper": list(d.upper)}
 
 
@@ -513,8 +559,9 @@ def _report_info(summary, timings, diagnostics, config=None, input_version=None)
         "degenerate": summary.get("degenerate"),
         "input": {**summary["input"], "version": input_version},
     }
-    if config is not None:
-        info["domain"] = _public_domain(config)
+    if summary.get("domain") is not None:
+        info["domain"] = {k: v for k, v in summary["domain"].items() if k in ("lower", "upper", "radius")}
+        info["domain_source"] = summary["domain"]
     return info
 
 

@@ -418,20 +418,30 @@ def prepare_points(df, features: tuple[str, ...], privacy_unit: str | None, doma
     """
     from pyspark.sql import functions as F
 
-    names = check_schema(df, features, privacy_unit, domain.dim)
-    exprs, _ = _feature_expressions(df, features, domain.dim)
+    raw, names = prepare_raw(df, features, privacy_unit, domain.dim, run_key)
+    cols = [F.col(f"__f{j}") for j in range(domain.dim)]
+    unit = raw.select(*[e.alias(n) for e, n in zip(domain.unit_columns(cols), unit_columns(domain.dim))])
+    return unit, names
+
+
+def prepare_raw(df, features: tuple[str, ...], privacy_unit: str | None, dim: int, run_key: str):
+    """Bound contributions and drop invalid rows (a null, NaN or infinite feature): (DataFrame with
+    the finite double columns ``__f0..__f{d-1}`` in original units, feature names). Lazy."""
+    from pyspark.sql import functions as F
+
+    names = check_schema(df, features, privacy_unit, dim)
+    exprs, _ = _feature_expressions(df, features, dim)
     if privacy_unit is not None:
         raw = df.select(F.col(privacy_unit), *[e.alias(f"__f{j}") for j, e in enumerate(exprs)])
-        raw = bound_contributions(raw, privacy_unit, [f"__f{j}" for j in range(domain.dim)], run_key)
+        raw = bound_contributions(raw, privacy_unit, [f"__f{j}" for j in range(dim)], run_key)
     else:
         raw = df.select(*[e.alias(f"__f{j}") for j, e in enumerate(exprs)])
-    cols = [F.col(f"__f{j}") for j in range(domain.dim)]
+    cols = [F.col(f"__f{j}") for j in range(dim)]
     valid = None
     for c in cols:
         ok = c.isNotNull() & ~F.isnan(c) & (F.abs(c) != F.lit(float("inf")))
         valid = ok if valid is None else valid & ok
-    unit = raw.where(valid).select(*[e.alias(n) for e, n in zip(domain.unit_columns(cols), unit_columns(domain.dim))])
-    return unit, names
+    return raw.where(valid), names
 
 
 # ----------------------------------------------------------------------------
