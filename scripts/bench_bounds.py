@@ -19,6 +19,12 @@ cost ratio per table and setting, the ratio to ``tight``, the targets' verdicts)
 
     .venv/bin/python scripts/bench_bounds.py --quick --out /tmp/b          # smoke (CI): one small table
     .venv/bin/python scripts/bench_bounds.py                                # every shared table, 5 runs
+    .venv/bin/python scripts/bench_bounds.py --scale 1000000 --out bench/results/bounds   # the pass's cost
+
+``--scale N``: on an N x 10 Delta table (a Gaussian mixture), the wall time of the estimate's Spark
+passes (with a public outer box: one; without: two) against one plain read of the feature columns
+(a count of the rows with finite features, the cheapest pass any family makes), 3 times each,
+appended to ``scale.md``.
 """
 
 from __future__ import annotations
@@ -106,6 +112,40 @@ def targets(verdicts: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def scale(spark, n: int, out: Path, argv) -> None:
+    import tempfile
+
+    from pyspark.sql import functions as F
+
+    from dpspark import tables
+    from dpspark.estimated_domain import dyadic_counts, octave_counts
+    from dpspark.privacy import bounds
+    from dpspark.privacy.domain import Domain
+
+    d = 10
+    means = np.random.default_rng(48).uniform(-50, 50, (10, d))
+    with tempfile.TemporaryDirectory() as tmp:
+        cols = bh.mixture_table(spark, f"{tmp}/t", n, means, 5.0, 48, 8)
+        df = spark.read.format("delta").load(f"{tmp}/t")
+        raw, _ = tables.prepare_raw(df, tuple(cols), None, d, "bench")
+        box = Domain(d, (-500.0,) * d, (500.0,) * d)
+        jobs = {"one read (count of valid rows)": lambda: raw.agg(F.count(F.lit(1))).collect(),
+                "estimate, outer box (dyadic pass)": lambda: dyadic_counts(raw, box, bounds.LEVELS),
+                "octave pass (no outer box: also)": lambda: octave_counts(raw, d)}
+        times = {name: [] for name in jobs}
+        for _ in range(3):
+            for name, job in jobs.items():
+                times[name].append(bh.timed(job)[1])
+    read = float(np.median(times["one read (count of valid rows)"]))
+    rows = [[name, f"{np.median(t):.2f}", f"{np.median(t) / read:.2f}"] for name, t in times.items()]
+    md = [f"## n = {n:,}, d = {d} (`{bh.command_line('bench_bounds.py', argv)}`)", "",
+          f"Machine: {bh.machine_description()}", "",
+          bh.markdown_table(["Spark job", "median of 3 (s)", "x one read"], rows), ""]
+    with open(out / "scale.md", "a") as fh:
+        fh.write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: blood_transfusion, 1 run per setting")
@@ -114,7 +154,13 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="runs per (table, setting); default 5")
     ap.add_argument("--epsilon", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--scale", type=int, default=None, help="time the estimate's passes on an N x 10 table instead")
     args = ap.parse_args(argv)
+    if args.scale:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with bh.session("bench_bounds") as spark:
+            scale(spark, args.scale, args.out, argv if argv is not None else sys.argv[1:])
+        return 0
     names = args.datasets or (["blood_transfusion"] if args.quick else DATASETS)
     reps = args.reps or (1 if args.quick else 5)
     args.out.mkdir(parents=True, exist_ok=True)

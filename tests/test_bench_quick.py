@@ -199,6 +199,7 @@ def _shared_plan(out: Path) -> list:
                                         "--out", str(out / "pipeline")], True),
         ("utility_spark", "bench_utility", ["--quick", "--no-peer", "--engine", "spark", "--methods", "auto",
                                             "--epsilons", "1", "--reps", "1", "--out", str(out / "utility")], True),
+        ("bounds", "bench_bounds", ["--quick", "--settings", "tight", "estimate", "--out", str(out / "bounds")], True),
     ]
 
 
@@ -301,3 +302,13 @@ def test_bench_utility_spark_quick(shared):
     assert UTILITY_COLUMNS <= set(cols)
     auto = [r for r in rows if r["method"] == "auto"]
     assert len(auto) == 1 and auto[0]["failures"] == "0" and float(auto[0]["cost_ratio_median"]) >= 0.99, auto
+
+
+def test_bench_bounds_quick(shared):
+    out = _ran(shared, "bounds") / "bounds"
+    cols, rows = _rows(out / "runs.csv")
+    assert {"dataset", "setting", "cost_ratio", "epsilon_spent", "error"} <= set(cols)
+    assert [(r["dataset"], r["setting"]) for r in rows] == [("blood_transfusion", "tight"), ("blood_transfusion", "estimate")]
+    assert all(not r["error"] and float(r["cost_ratio"]) >= 0.99 and abs(float(r["epsilon_spent"]) - 1.0) < 1e-9
+               for r in rows), rows
+    assert "estimate: cost (vs tight)" in (out / "results.md").read_text()
