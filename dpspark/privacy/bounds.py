@@ -201,8 +201,10 @@ def octave_box(noisy_counts: np.ndarray, tau: float) -> tuple[np.ndarray, np.nda
             fell_back[j] = True
         else:
             # widened by OCTAVE_MARGIN bins on each side: the next stage finds the data inside
-            lower[j] = edges[max(heavy[0] - OCTAVE_MARGIN, 0)]
-            upper[j] = edges[min(heavy[-1] + 1 + OCTAVE_MARGIN, OCTAVE_BINS)]
+            # never wider than [-DBL_MAX / 4, DBL_MAX / 4]: a width whose double overflows to inf would make
+            # every map from unit space back to original units NaN (many records near +-1e308)
+            lower[j] = max(edges[max(heavy[0] - OCTAVE_MARGIN, 0)], -_DBL_MAX / 4)
+            upper[j] = min(edges[min(heavy[-1] + 1 + OCTAVE_MARGIN, OCTAVE_BINS)], _DBL_MAX / 4)
     return lower, upper, fell_back
 
 
