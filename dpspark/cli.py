@@ -263,7 +263,7 @@ def _import_while_the_jvm_starts(config):
             import pyarrow  # noqa: F401
             import pandas  # noqa: F401
 
-            from dpspark.runner import estimator_class
+            from dpspark.families import estimator_class
 
             estimator_class(config.algorithm.name)
             if config.output.report:

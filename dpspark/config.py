@@ -463,7 +463,7 @@ def _check_plan(config: Config) -> None:
     """The family's own validation (its estimator's ``privacy_plan``, which the run calls again before
     its charge), here before Spark starts: a config that the estimator would refuse is a config error
     (exit 2), never a failure after the charge. ``auto`` validates the route it chooses."""
-    from dpspark.runner import build_estimator  # the estimators import this module's callers
+    from dpspark.families import build_estimator
 
     try:
         plan_eps, plan_delta = build_estimator(config).privacy_plan()

@@ -40,7 +40,7 @@ anything is charged. Without a ledger nothing is checked (as on a classic sessio
 
 from __future__ import annotations
 
-from dpspark.lineage import LineageError
+from dpspark.errors import LineageError
 
 ASSEMBLER = "org.apache.spark.ml.feature.VectorAssembler"
 _ASSEMBLER_PARAMS = {"inputCols", "outputCol", "handleInvalid"}

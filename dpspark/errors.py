@@ -7,6 +7,8 @@
 - ``SchemaError`` and every other ``DPSparkError``: any other failure (exit 1), e.g. a missing table.
 - ``PythonWorkersError``: Spark's Python workers cannot start or lack dpspark's executor modules
   (exit 1, found before any charge by ``dpspark.session.check_python_workers``).
+- ``LineageError``: a DataFrame handed to ``dpspark.ml`` reads something other than its ledgerInput
+  (exit 1; raised by ``dpspark.lineage`` and ``dpspark.connect_plan``).
 - ``RunFailed``: an error that is not dpspark's own, raised once a fit had started (exit 1): it
   names the error's type only (see ``for_the_analyst``).
 """
@@ -32,6 +34,10 @@ class BudgetRefused(DPSparkError):
     """The privacy ledger would be overspent by this run."""
 
     exit_code = 3
+
+
+class LineageError(DPSparkError, ValueError):
+    """The DataFrame reads something other than ledgerInput (or its plan cannot be checked)."""
 
 
 class SchemaError(DPSparkError):

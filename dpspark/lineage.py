@@ -32,7 +32,7 @@ check reads no row (only plans, the Delta log and file listings), before anythin
 
 from __future__ import annotations
 
-from dpspark.errors import DPSparkError
+from dpspark.errors import LineageError
 
 _HOW_TO = ("read the table with spark.read.format('delta').load({path!r}) (parquet/csv for such a folder) and "
            "transform that DataFrame (select, filter, withColumn, VectorAssembler); do not go through toPandas/"
@@ -47,10 +47,6 @@ _WHAT = {
     "OneRowRelation": "a row without a table (SELECT without FROM)",
     "InMemoryRelation": "cached data whose origin is unknown",
 }
-
-
-class LineageError(DPSparkError, ValueError):
-    """The DataFrame reads something other than ledgerInput (or its plan cannot be checked)."""
 
 
 def _class_name(obj) -> str:

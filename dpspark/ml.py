@@ -442,9 +442,10 @@ class DPClustering(Estimator, _DPClusteringParams, DefaultParamsReadable, Defaul
     def _fit(self, dataset) -> "DPClusteringModel":
         from dpspark import tables
         from dpspark.attempt import Attempt, Awaiting, checked_plan
+        from dpspark.families import build_estimator
         from dpspark.privacy.ledger import Ledger
         from dpspark.privacy.randomness import Randomness
-        from dpspark.runner import build_estimator, collapse_of, estimate_note, new_run_id
+        from dpspark.runner import collapse_of, estimate_note, new_run_id
 
         config = self.toConfig()  # before any Spark job: a bad Param costs nothing
         chosen_id = self.getOrDefault(self.runId) if self.isSet(self.runId) else None

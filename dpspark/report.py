@@ -59,41 +59,53 @@ Public API: ``write_report(path, info)``; ``build_figure(info)`` returns the Fig
 center with its noisy weight, every charge, the ledger, parameters, timings) that a
 person can read, search and copy. The page stands on its own (inline image and
 style, every value HTML-escaped).
+
+The code is in four modules: this one draws the figure (``write_report``, ``build_figure``, the panels);
+``dpspark.report_layout`` fits text and axes into pixel boxes and places labels (it knows nothing about
+runs); ``dpspark.report_html`` builds the page (``build_html``, imported here); ``dpspark.report_text``
+holds the words and numbers both write (``_fmt_budget``, ``_fmt_weight``, the labels, ...).
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import json
 import math
 import os
-import re
-import textwrap
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, Rectangle
-from matplotlib.text import Text
 from matplotlib.ticker import FuncFormatter
-from matplotlib.transforms import Bbox
 
 from dpspark.degenerate import coinciding_groups
+from dpspark.report_html import build_html
+from dpspark.report_layout import _MAX_LABELS, _ellipsize, _fit_axes, _fit_block, _place, _place_labels, _wrap, _wrap_lines
+from dpspark.report_text import (
+    DEGENERATE_LABEL,
+    NON_PRIVATE_LABEL,
+    _coordinate_formats,
+    _domain,
+    _domain_text,
+    _fmt,
+    _fmt_budget,
+    _fmt_param,
+    _fmt_weight,
+    _input_line,
+    _input_parts,
+    _ledger_text,
+    _remaining,
+    _spent_text,
+)
 
 __all__ = ["write_report", "build_figure", "build_html"]
-
-NON_PRIVATE_LABEL = "NON-PRIVATE DIAGNOSTICS"
-DEGENERATE_LABEL = "DEGENERATE RESULT"
 
 _DPI = 90
 _FIGSIZE = (16.0, 10.0)  # inches: 1440 x 900 pixels at _DPI
 _PAD = 12.0  # pixels between the figure's edge and anything drawn
 _GAP = 10.0  # pixels between stacked blocks
-# At most this many center labels, at most this many data-sample rows (diagnostics
-# only), at most this many rows in panel (b).
-_MAX_LABELS = 25
+# At most this many data-sample rows (diagnostics only), at most this many rows in panel (b);
+# at most _MAX_LABELS center labels (dpspark.report_layout).
 _MAX_SAMPLE = 5000
 _MAX_CHARGE_ROWS = 12
 # Centers whose every coordinate differs by at most this fraction of the domain's
@@ -101,7 +113,6 @@ _MAX_CHARGE_ROWS = 12
 # _ZOOM_MIN of the domain's width, so such centers are under 2 pixels apart.
 _VISUAL_TOLERANCE = 1e-4
 _ZOOM_MIN = 0.05
-_ELLIPSIS = "\u2026"
 
 
 def write_report(path, info: dict) -> None:
@@ -180,241 +191,6 @@ def build_figure(info: dict) -> Figure:
 
 
 # --------------------------------------------------------------------------
-# Formatting and measuring helpers
-# --------------------------------------------------------------------------
-
-
-def _fmt(value) -> str:
-    """Short human format for a number (or '-' when missing)."""
-    if value is None:
-        return "-"
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return str(int(value))
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return f"{v:.4g}"
-
-
-def _fmt_budget(value, digits: int = 6) -> str:
-    """A privacy-budget number (epsilon or delta: spent, configured, a cap, what remains, one step's charge)
-    in %g style with at most ``digits`` significant digits (6 in the figure, 12 in report.html), so float
-    noise never shows: 1e-05 - 2e-06 reads ``8e-06``, not ``8.000000000000001e-06``."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return str(value).lower()
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    text = f"{v:.{digits}g}"
-    return "0" if text == "-0" else text
-
-
-def _fmt_param(value, digits: int = 6) -> str:
-    """A public parameter's value: text as it is, true/false, integers whole, floats in %g style (no float
-    noise: see ``_fmt_budget``), anything else as JSON."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (bool, np.bool_)):
-        return "true" if value else "false"
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        return _fmt_budget(value, digits)
-    return json.dumps(value, default=str)
-
-
-def _remaining(ledger, key):
-    """What the ledger's cap in force leaves for the input (``remaining_<key>`` as the runner gives it, else
-    cap - spent), or None without a cap."""
-    budget = ledger.get(f"budget_{key}")
-    if budget is None:
-        return None
-    remaining = ledger.get(f"remaining_{key}")
-    spent = ledger.get(f"spent_{key}")
-    if remaining is None and spent is not None:
-        remaining = float(budget) - float(spent)
-    return remaining
-
-
-def _coordinate_formats(centers: np.ndarray, domain) -> list:
-    """Per feature, a function writing a center's coordinate rounded to about 1e-4 of the feature's width
-    (the PUBLIC domain's, else the centers' own spread or magnitude): ``0.2741`` in [-1, 1], ``431.2`` in
-    [0, 1000], ``123457`` in [0, 1e6]; %g style (6 digits) when the width is not finite or the value huge."""
-    d = centers.shape[1]
-    if domain is not None:
-        widths = np.asarray(domain["widths"], dtype=float)
-    else:
-        finite = centers[np.all(np.isfinite(centers), axis=1)] if centers.size else np.zeros((0, d))
-        if not len(finite):
-            finite = np.zeros((1, d))
-        with np.errstate(over="ignore", invalid="ignore"):
-            widths = np.maximum(np.ptp(finite, axis=0), np.abs(finite).max(axis=0))
-    formats = []
-    for w in widths:
-        decimals = None
-        if math.isfinite(w) and w > 0:
-            decimals = max(0, math.ceil(-math.log10(w * 1e-4) - 1e-9))
-            if decimals > 12:
-                decimals = None
-
-        def write(v, decimals=decimals):
-            v = float(v)
-            if not math.isfinite(v) or decimals is None or abs(v) >= 1e15:
-                return _fmt_budget(v)
-            text = f"{v:.{decimals}f}"
-            return text.lstrip("-") if float(text) == 0 else text
-
-        formats.append(write)
-    return formats
-
-
-def _fmt_weight(value) -> str:
-    """A noisy weight (a noisy count: may be negative) for reading, the same in the figure and the html.
-
-    Thousands are grouped and there is no exponent below 1e15: ``15,390``, ``-3``, ``12.5``,
-    ``0.25``; from 100 on, whole numbers (the noise is far above a fraction of a count).
-    """
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return "-" if value is None else str(value)
-    if not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    a = abs(v)
-    if a >= 1e15:
-        text = f"{v:.3g}"
-    elif a >= 100:
-        text = f"{v:,.0f}"
-    elif a >= 1:
-        text = f"{v:.3g}"
-    else:
-        text = f"{v:.2f}".rstrip("0").rstrip(".")
-    return "0" if text == "-0" else text
-
-
-def _place(ax, x0, y0, x1, y1) -> None:
-    """Put ``ax`` at the pixel box (x0, y0, x1, y1) of its figure."""
-    W, H = ax.figure.bbox.width, ax.figure.bbox.height
-    ax.set_position((x0 / W, y0 / H, max(x1 - x0, 1.0) / W, max(y1 - y0, 1.0) / H))
-
-
-def _ellipsize(t, text: str, max_px: float, r, keep: str = "start") -> None:
-    """Set ``t``'s one-line text, shortened with an ellipsis until it is at most ``max_px`` wide."""
-    text = str(text).replace("\n", " ")
-    t.set_text(text)
-    if t.get_window_extent(r).width <= max_px:
-        return
-    lo, hi = 0, len(text)  # binary search on the number of characters kept
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        t.set_text(_cut(text, mid, keep))
-        if t.get_window_extent(r).width <= max_px:
-            lo = mid
-        else:
-            hi = mid - 1
-    t.set_text(_cut(text, lo, keep))
-
-
-def _cut(text: str, n: int, keep: str) -> str:
-    """``text`` shortened to ``n`` of its characters and an ellipsis: keep its "start", its "end",
-    or both ends ("middle": the ellipsis replaces the middle, e.g. of a path)."""
-    if n >= len(text):
-        return text
-    if keep == "end":
-        return _ELLIPSIS + text[len(text) - n:]
-    if keep == "middle":
-        tail = n // 2
-        return text[: n - tail] + _ELLIPSIS + (text[len(text) - tail:] if tail else "")
-    return text[:n].rstrip() + _ELLIPSIS
-
-
-class _Wrapper(textwrap.TextWrapper):
-    """textwrap that may also break a line after '_' (long snake_case names wrap between their parts)."""
-
-    def _split(self, text):
-        return [part for chunk in super()._split(text) for part in re.split(r"(?<=_)(?=[^_\s])", chunk) if part]
-
-
-def _wrap_lines(text: str, width: int, indent: str = "", break_words: bool = True) -> list[str]:
-    return _Wrapper(width=width, subsequent_indent=indent, break_on_hyphens=False,
-                    break_long_words=break_words).wrap(text)
-
-
-def _wrap(t, text: str, max_px: float, r, max_lines: int | None = None, break_words: bool = True) -> None:
-    """Set ``t``'s text wrapped at spaces (a long word is broken unless ``break_words`` is False) so no
-    line is wider than ``max_px`` (without breaking words, a word wider than that stays whole).
-
-    Each input line keeps its indentation (continuation lines get two more spaces). Beyond
-    ``max_lines`` lines the text is cut and the last kept line ends with an ellipsis.
-    """
-    paragraphs = str(text).split("\n")
-    t.set_text("\n".join(paragraphs))
-    extent = t.get_window_extent(r)
-    if extent.width <= max_px and (max_lines is None or len(paragraphs) <= max_lines):
-        return
-    longest = max(len(p) for p in paragraphs) or 1
-    width = max(4, int(longest * max_px / max(extent.width, 1.0)) + 1)
-    while True:
-        lines = []
-        for p in paragraphs:
-            indent = p[: len(p) - len(p.lstrip())]
-            lines += _wrap_lines(p, width, indent + "  ", break_words) or [""]
-        if max_lines is not None and len(lines) > max_lines:
-            lines = lines[:max_lines]
-            lines[-1] = _cut(lines[-1], max(len(lines[-1]) - 2, 1), "start")
-        t.set_text("\n".join(lines))
-        if t.get_window_extent(r).width <= max_px or width <= 4:
-            return
-        width -= max(1, width // 25)
-
-
-def _fit_block(t, lines: list[str], box_w: float, box_h: float, r, sizes=(8.5, 8.0, 7.5, 7.0, 6.5),
-               unwrapped_min: float = 7.5) -> None:
-    """Fit text lines into a box of ``box_w`` x ``box_h`` pixels.
-
-    First choice: the largest size down to ``unwrapped_min`` at which every line fits as it
-    is; else the largest size at which the lines, wrapped to the width, fit the height; at
-    the smallest size, lines are dropped from the end (a last line says where the rest is).
-    """
-    text = "\n".join(lines)
-    for size in sizes:
-        if size < unwrapped_min:
-            break
-        t.set_fontsize(size)
-        t.set_text(text)
-        e = t.get_window_extent(r)
-        if e.width <= box_w and e.height <= box_h:
-            return
-    for size in sizes:
-        t.set_fontsize(size)
-        _wrap(t, text, box_w, r)
-        if t.get_window_extent(r).height <= box_h:
-            return
-    keep = len(lines)
-    while keep > 1:
-        keep -= 1
-        _wrap(t, "\n".join(lines[:keep] + ["  ... (the rest: report.html)"]), box_w, r)
-        if t.get_window_extent(r).height <= box_h:
-            return
-
-
-def _overlaps(a, b, slack: float = 1.0) -> bool:
-    return a.x0 < b.x1 - slack and b.x0 < a.x1 - slack and a.y0 < b.y1 - slack and b.y0 < a.y1 - slack
-
-
-def _inside(a, box) -> bool:
-    return a.x0 >= box.x0 and a.x1 <= box.x1 and a.y0 >= box.y0 and a.y1 <= box.y1
-
-
-# --------------------------------------------------------------------------
 # Header
 # --------------------------------------------------------------------------
 
@@ -467,56 +243,6 @@ def _draw_header(fig, r, info, k, diagnostics) -> float:
     return y
 
 
-def _spent_text(info, digits: int = 6) -> str:
-    """What this run spent, and what it was configured to spend (both PUBLIC: charged totals and config)."""
-    f = lambda key: _fmt_budget(info.get(key), digits)  # noqa: E731
-    return (f"privacy spent by this run: \u03b5 = {f('epsilon_spent')}, \u03b4 = {f('delta_spent')} "
-            f"(configured for the run: \u03b5 = {f('epsilon_configured')}, \u03b4 = {f('delta_configured')})")
-
-
-def _ledger_text(ledger, digits: int = 6) -> str:
-    """The input's balance in the ledger (all runs on it, this one included), apart from this run's spend.
-
-    ``ledger`` is the runner's ``_ledger_view``: spent_* (the input's totals), budget_* (the cap in force
-    for this run: the ledger's, or the run's lower request; None: no cap) and ledger_cap_* (the ledger's
-    own cap), or None when no ledger is configured.
-    """
-    if not isinstance(ledger, dict):
-        return "ledger: none configured (nothing records or caps what runs on this input spend)"
-    parts = []
-    for key, symbol in (("epsilon", "\u03b5"), ("delta", "\u03b4")):
-        spent, cap, own = ledger.get(f"spent_{key}"), ledger.get(f"budget_{key}"), ledger.get(f"ledger_cap_{key}")
-        if cap is None:
-            parts.append(f"spent {symbol} = {_fmt_budget(spent, digits)} (no cap)")
-            continue
-        text = f"spent {symbol} = {_fmt_budget(spent, digits)} of cap {_fmt_budget(cap, digits)}"
-        if own is not None and _fmt_budget(own, 12) != _fmt_budget(cap, 12):
-            text += f" (lowered for this run; the ledger's cap is {_fmt_budget(own, digits)})"
-        parts.append(text)
-    return "ledger for this input (all runs, this one included): " + ", ".join(parts)
-
-
-def _input_parts(source):
-    """(path, details, where) of ``info["input"]``, or None when it is missing (older callers).
-
-    ``source`` is PUBLIC configuration: path, format, the Delta version read (None: not given) and
-    the row filter ``where`` (None: all rows).
-    """
-    if not isinstance(source, dict) or not source.get("path"):
-        return None
-    details = [str(source["format"])] if source.get("format") else []
-    if source.get("version") is not None:
-        details.append(f"version {source['version']}")
-    where = source.get("where")
-    where = " ".join(str(where).split()) if where is not None else ""  # one line
-    return str(source["path"]), (f" ({', '.join(details)})" if details else ""), where
-
-
-def _input_line(path, details, where) -> str:
-    """'input: PATH (delta, version 7); rows where WHERE' (or '; all rows (no row filter)')."""
-    return f"input: {path}{details}; " + (f"rows where {where}" if where else "all rows (no row filter)")
-
-
 def _fit_input(t, path, details, where, max_px, r) -> None:
     """Set ``t`` to the input line, in one line of at most ``max_px``: a long path keeps its two ends
     and a long filter its start (both are in full in report.html)."""
@@ -549,28 +275,6 @@ def _fit_input(t, path, details, where, max_px, r) -> None:
 # --------------------------------------------------------------------------
 
 
-def _domain(dom, d: int):
-    """The PUBLIC domain from ``info["domain"]``: (center, half widths) of a box, or (0, radius) of a ball."""
-    if not isinstance(dom, dict):
-        return None
-    try:
-        if dom.get("radius") is not None:
-            radius = float(dom["radius"])
-            if math.isfinite(2 * radius) and radius > 0:
-                return {"center": np.zeros(d), "half": None, "radius": radius, "widths": np.full(d, 2 * radius)}
-        elif dom.get("lower") is not None and dom.get("upper") is not None:
-            lo = np.asarray(dom["lower"], dtype=float).reshape(-1)
-            hi = np.asarray(dom["upper"], dtype=float).reshape(-1)
-            with np.errstate(over="ignore"):
-                ok = lo.shape == hi.shape == (d,) and np.all(np.isfinite(lo) & np.isfinite(hi) & (hi > lo)
-                                                              & np.isfinite(hi - lo))
-            if ok:  # (a box whose width overflows is left out: the centers' own scale is used)
-                return {"center": (lo + hi) / 2, "half": (hi - lo) / 2, "radius": None, "widths": hi - lo}
-    except (TypeError, ValueError):
-        pass
-    return None
-
-
 def _domain_outline(domain, d: int, dims=(0, 1)):
     """The public domain as a light dashed patch in data units, in a view whose axes are the features
     ``dims`` (d <= 3): a box's rectangle, a ball's circle (a ball's shadow on any pair of features is
@@ -586,15 +290,6 @@ def _domain_outline(domain, d: int, dims=(0, 1)):
     if d >= 2:
         return Rectangle((lo[i], lo[j]), 2 * domain["half"][i], 2 * domain["half"][j], **style)
     return Rectangle((lo[0], -1.0), 2 * domain["half"][0], 2.0, **style)
-
-
-def _domain_text(domain) -> str:
-    """'box [0, 1000] x [0, 1000]' or 'ball of radius 5 around 0' (PUBLIC, original units)."""
-    if domain["radius"] is not None:
-        radius = _fmt_budget(domain["radius"])
-        return f"ball of radius {radius} around 0" + (f": [-{radius}, {radius}]" if len(domain["widths"]) == 1 else "")
-    lo, hi = domain["center"] - domain["half"], domain["center"] + domain["half"]
-    return "box " + " x ".join(f"[{_fmt_budget(a)}, {_fmt_budget(b)}]" for a, b in zip(lo, hi))
 
 
 def _drawing_unit(centers: np.ndarray, domain) -> float:
@@ -951,97 +646,6 @@ def _draw_centers(fig, r, ax, region, centers, weights, names, diagnostics, doma
     _wrap(foot, "\n".join(footer), x1 - x0, r)
 
 
-def _fit_axes(r, axes, region, place, start=None):
-    """Shrink the inner box given to ``place`` until the tight bbox of ``axes`` (tick labels, axis
-    labels, titles, colorbar) lies inside ``region`` (pixels). Returns the inner box."""
-    x0, y0, x1, y1 = region
-    inner = list(start or region)
-    for _ in range(6):
-        place(*inner)
-        tight = Bbox.union([a.get_tightbbox(r) for a in axes])
-        if tight.x0 >= x0 and tight.x1 <= x1 and tight.y0 >= y0 and tight.y1 <= y1:
-            break
-        # Decorations stick out of the inner box by these margins: shrink the box by them.
-        margins = (inner[0] - tight.x0, inner[1] - tight.y0, tight.x1 - inner[2], tight.y1 - inner[3])
-        inner = [x0 + max(margins[0], 0) + 1, y0 + max(margins[1], 0) + 1,
-                 x1 - max(margins[2], 0) - 1, y1 - max(margins[3], 0) - 1]
-        inner[2] = max(inner[2], inner[0] + 60)
-        inner[3] = max(inner[3], inner[1] + 60)
-    return inner
-
-
-def _place_labels(ax, r, xy, pix, radius, priority, texts, negative, obstacles, one_d=False) -> int:
-    """Label the points in ``priority`` order; at most _MAX_LABELS. Returns how many were placed.
-
-    Each label goes to the first candidate spot inside the axes that overlaps no other label;
-    spots that overlap no other marker are tried first, then spots that cover no other
-    marker's centre. With one feature (all points on y = 0) the spots are rows above and
-    below the line, joined to their point by a thin leader line.
-    """
-    box = ax.bbox.padded(-2)
-    placed = list(obstacles)
-    markers = [Bbox.from_extents(x - rr, y - rr, x + rr, y + rr) for (x, y), rr in zip(pix, radius)]
-    count = 0
-    for g in priority:
-        if count >= _MAX_LABELS:
-            break
-        if not np.all(np.isfinite(pix[g])):
-            continue
-        rr = radius[g] + 3
-        if one_d:
-            spots = [(0, sign * (rr + 16 * level), "center", "bottom" if sign > 0 else "top")
-                     for level in range(8) for sign in (1, -1)]
-        else:
-            spots = [(rr, 0, "left", "center"), (-rr, 0, "right", "center"), (0, rr, "center", "bottom"),
-                     (0, -rr, "center", "top"), (rr * 0.7, rr * 0.7, "left", "bottom"),
-                     (-rr * 0.7, rr * 0.7, "right", "bottom"), (rr * 0.7, -rr * 0.7, "left", "top"),
-                     (-rr * 0.7, -rr * 0.7, "right", "top")]
-        style = dict(textcoords="offset pixels", fontsize=8, color="red" if negative[g] else "black", zorder=5,
-                     annotation_clip=False,
-                     bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.75))
-        t = ax.annotate(texts[g], xy=(xy[g, 0], xy[g, 1]), xytext=(0, 0), **style)
-        others = [m for i, m in enumerate(markers) if i != g]
-        centres = [p for i, p in enumerate(pix) if i != g]
-        chosen = None
-        for strict in (True, False):
-            for spot in spots:
-                dx, dy, ha, va = spot
-                t.set_position((dx, dy))
-                t.set_horizontalalignment(ha)
-                t.set_verticalalignment(va)
-                e = t.get_window_extent(r)
-                if not _inside(e, box) or any(_overlaps(e, p) for p in placed):
-                    continue
-                if one_d and abs(dy) > rr:  # the leader line's column must be free as well
-                    x, y = pix[g]
-                    leader = Bbox.from_extents(x - 1, min(y, e.y1), x + 1, max(y, e.y0))
-                    if any(_overlaps(leader, p, slack=0) for p in placed):
-                        continue
-                if strict and any(_overlaps(e, m) for m in others):
-                    continue
-                if not strict and any(e.padded(2).contains(px, py) for px, py in centres):
-                    continue
-                chosen = spot
-                break
-            if chosen is not None:
-                break
-        if chosen is None:
-            t.remove()
-            continue
-        if one_d and abs(chosen[1]) > rr:  # a leader line from a higher row down to the point
-            t.remove()
-            t = ax.annotate(texts[g], xy=(xy[g, 0], xy[g, 1]), xytext=chosen[:2], ha=chosen[2], va=chosen[3],
-                            arrowprops=dict(arrowstyle="-", color="0.55", lw=0.6, shrinkA=0, shrinkB=rr - 3),
-                            **style)
-        t.update_positions(r)
-        placed.append(Text.get_window_extent(t, r).padded(2))  # the text (not its leader) and its white box
-        if one_d and abs(chosen[1]) > rr:
-            x, y = pix[g]
-            placed.append(Bbox.from_extents(x - 1, min(y, placed[-1].y1), x + 1, max(y, placed[-1].y0)))
-        count += 1
-    return count
-
-
 # --------------------------------------------------------------------------
 # Panel (b): privacy spent per step
 # --------------------------------------------------------------------------
@@ -1285,108 +889,3 @@ def _draw_text(fig, r, ax, region, info, k, diagnostics):
         side = ax.text((left_w + 16) / (x1 - x0), 1.0, "", transform=ax.transAxes, va="top", ha="left",
                        family="monospace")
         _fit_block(side, right_lines, right_w, box_h, r)
-
-
-# --------------------------------------------------------------------------
-# HTML page
-# --------------------------------------------------------------------------
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def build_html(info: dict, png: bytes | None = None) -> str:
-    """``report.html`` for one run: ``png`` (report.png's bytes) inlined, then tables of released values.
-
-    Post-processing of the same ``info`` as :func:`build_figure`; every value is HTML-escaped. The
-    input line, the privacy spent and the ledger read as in the figure's header, in full.
-    Diagnostics (non-private) are shown only when present, under a red NON-PRIVATE banner;
-    a degenerate result (``info["degenerate"]``) is a red warning at the top.
-    """
-    centers = np.asarray(info.get("centers") or [], dtype=float)
-    weights = [float(w) for w in (info.get("noisy_weights") or [])]
-    names = [str(f) for f in (info.get("feature_names") or [])]
-    if centers.ndim == 2 and len(names) != centers.shape[1]:
-        names = [f"x{i}" for i in range(centers.shape[1])]
-    title = (f"dpspark run {info.get('run_id', '?')}: {info.get('algorithm', '?')}, "
-             f"{info.get('objective', '?')}, k = {info.get('k', len(weights))}")
-    parts = [f"<h1>{html.escape(title)}</h1>"]
-    source = _input_parts(info.get("input"))
-    if source is not None:  # in full (the figure may shorten it)
-        parts.append(f"<p class='input'>{html.escape(_input_line(*source))}</p>")
-    parts += [f"<p class='spent'>{html.escape(_spent_text(info, 12))}</p>",
-              f"<p class='spent'>{html.escape(_ledger_text(info.get('ledger'), 12))}</p>"]
-    if info.get("seed_note"):
-        parts.append(f"<p class='warn'>{html.escape(str(info['seed_note']))}</p>")
-    degenerate = info.get("degenerate")
-    if degenerate:
-        parts.append(f"<div class='degenerate'><p class='warn'>{DEGENERATE_LABEL}: "
-                     f"{html.escape(str(degenerate.get('message', '')))}</p>"
-                     f"<p>Likely cause: {html.escape(str(degenerate.get('likely_cause', '')))}</p>"
-                     f"<p>distinct centers: {html.escape(_fmt(degenerate.get('distinct_centers')))} of "
-                     f"k = {html.escape(_fmt(degenerate.get('k')))}; share of the positive noisy weight on the "
-                     f"heaviest center: {html.escape(_fmt(degenerate.get('top_weight_share')))}</p></div>")
-    diagnostics = info.get("diagnostics")
-    if diagnostics is not None:
-        parts.append(f"<p class='warn'>{NON_PRIVATE_LABEL}: computed from the data, do not publish</p>")
-    if png:
-        parts.append(f"<img alt='report.png' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
-    flat = centers.reshape(len(weights), -1)
-    formats = _coordinate_formats(flat, _domain(info.get("domain"), flat.shape[1]))
-    rows = [[i, *(f(v) for f, v in zip(formats, c)), _fmt_weight(w)] for i, (c, w) in enumerate(zip(flat, weights))]
-    parts += ["<h2>Released centers (original units) and noisy weights</h2>",
-              "<p>Coordinates rounded to about 1/10,000 of each feature's width (the public domain's, else the "
-              "centers' own spread); the exact values are in summary.json and the centers table.</p>",
-              _table(["cluster", *names, "noisy weight"], rows)]
-    source = info.get("domain_source") or {}
-    if source.get("source") == "private estimate":
-        clipped = list(source.get("noisy_clipped_fraction") or [])
-        parts += ["<h2>Domain released by this run's private estimate</h2>",
-                  f"<p>epsilon {html.escape(_fmt_budget(source.get('epsilon'), 12))}, delta "
-                  f"{html.escape(_fmt_budget(source.get('delta'), 12))} of this run's charge; outer box: "
-                  f"{html.escape(str(source.get('outer')))}. The share of records outside is a NOISY (released) "
-                  "number.</p>",
-                  _table(["feature", "lower", "upper", "records outside (noisy)"],
-                         [[n, _fmt(lo), _fmt(hi), f"{100.0 * c:.1f}%"] for n, lo, hi, c in
-                          zip(names or [f"x{i}" for i in range(len(clipped))], source.get("lower") or [],
-                              source.get("upper") or [], clipped)])]
-    charges = info.get("charges") or []
-    parts += ["<h2>Privacy charges</h2>",
-              _table(["step", "epsilon", "delta", "rule"],
-                     [[c.get("step", ""), _fmt_budget(c.get("epsilon"), 12), _fmt_budget(c.get("delta"), 12),
-                       c.get("rule", "")] for c in charges])]
-    ledger = info.get("ledger")
-    parts.append("<h2>Ledger (this input, all runs including this one)</h2>")
-    if ledger is None:
-        parts.append("<p>no ledger configured</p>")
-    else:
-        lrows = []
-        for key in ("epsilon", "delta"):
-            budget = ledger.get(f"budget_{key}")
-            lrows.append([key, _fmt_budget(ledger.get(f"spent_{key}"), 12),
-                          "no cap" if budget is None else _fmt_budget(budget, 12),
-                          _fmt_budget(ledger.get(f"ledger_cap_{key}"), 12), _fmt_budget(_remaining(ledger, key), 12)])
-        parts.append(_table(["", "spent (all runs on this input)", "cap for this run", "the ledger's cap",
-                             "remaining"], lrows))
-    params = info.get("parameters") or {}
-    parts += ["<h2>Parameters (public)</h2>",
-              _table(["key", "value"], [[k, _fmt_param(v, 12)] for k, v in params.items()])]
-    timings = info.get("timings") or {}
-    if timings:  # wall times grow with n: the runner passes them only with non-private diagnostics
-        parts += ["<h2 class='warn'>Timings (NON-PRIVATE: wall times depend on the data)</h2>",
-                  _table(["step", "seconds"], [[k, f"{float(v):.2f}"] for k, v in timings.items() if v is not None])]
-    if diagnostics is not None:
-        parts += [f"<h2 class='warn'>{NON_PRIVATE_LABEL} (not differentially private)</h2>",
-                  _table(["key", "value"], [[k, _fmt(v) if isinstance(v, (int, float, np.number)) else v]
-                                            for k, v in diagnostics.items() if k != "data_sample"])]
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;margin:0.5em 0 1.5em}"
-             " td,th{border:1px solid #bbb;padding:3px 8px;text-align:left;font-size:13px;overflow-wrap:anywhere}"
-             " img{max-width:100%;height:auto} .warn{color:#b00;font-weight:bold} .spent{font-size:18px;margin:0.3em 0}"
-             " .input{font-size:16px;overflow-wrap:anywhere}"
-             " .degenerate{border:2px solid #c00;background:#fff0f0;padding:0 1em;margin:1em 0}")
-    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
-            f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")

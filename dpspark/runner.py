@@ -42,7 +42,6 @@ SparkContext's jobs. The ledger is the same Delta table, charged by the same UPD
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import secrets
@@ -60,46 +59,13 @@ from dpspark.attempt import (RUNNING_ROW_STEP, WAIT_RUNNING_ROW_STEP, Attempt, A
                              now, operator_log_dir, operator_record_path, read_operator_record,
                              write_operator_record)
 from dpspark.errors import ConfigError, DPSparkError
+# The families by name, and the estimator a run uses: dpspark.families (below both this module and
+# dpspark.config, which validates a plan with it).
+from dpspark.families import ESTIMATORS, build_estimator, estimator_class  # noqa: F401
 from dpspark.privacy.ledger import Ledger
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import log, step
 from dpspark.session import check_python_workers, is_connect
-
-ESTIMATORS = {
-    "auto": "dpspark.auto.estimator:AutoClustering",
-    "dplloyd": "dpspark.dplloyd.estimator:DPLloyd",
-    "maxcover": "dpspark.maxcover.estimator:MaxCover",
-    "ldp": "dpspark.ldp.estimator:LocalDP",
-}
-
-
-def estimator_class(name: str):
-    module, _, attr = ESTIMATORS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def build_estimator(config, randomness: Randomness | None = None):
-    """The estimator a run or a fit uses: the family's, behind a private estimate of its box when
-    ``domain.estimate`` is set (``dpspark.estimated_domain``)."""
-    family = estimator_class(config.algorithm.name)
-    if config.domain.estimate is None:
-        return family.from_config(config, randomness=randomness)
-    from dataclasses import replace
-
-    from dpspark.config import DomainConfig
-    from dpspark.estimated_domain import DomainEstimating
-
-    def build(epsilon: float, delta: float, domain):
-        inner = replace(config, domain=DomainConfig(dim=domain.dim, lower=tuple(domain.lower), upper=tuple(domain.upper)),
-                        privacy=replace(config.privacy, epsilon=epsilon, delta=delta))
-        return family.from_config(inner, randomness=randomness)
-
-    d = config.domain
-    return DomainEstimating(build, dim=d.dim, epsilon=config.privacy.epsilon, delta=config.privacy.delta,
-                            outer=None if d.lower is None else (tuple(d.lower), tuple(d.upper)),
-                            features=config.input.features, privacy_unit=config.input.privacy_unit,
-                            epsilon_share=d.epsilon_share, seed=config.seed, randomness=randomness)
-
 
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(4)

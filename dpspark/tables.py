@@ -32,11 +32,11 @@ import tempfile
 from dataclasses import dataclass
 
 from dpspark import localdelta
+from dpspark.delta_sql import not_a_table, sql_string, table_name
 from dpspark.errors import ColumnError, ConfigError, DPSparkError, SchemaError
 from dpspark.localdelta import local_path
 from dpspark.privacy.bounding import bound_contributions
 from dpspark.privacy.domain import Domain
-from dpspark.privacy.ledger import _not_a_table, _sql_string, _table_name
 from dpspark.session import is_connect
 
 UNIT_PREFIX = "_u"
@@ -97,7 +97,7 @@ def _exists(spark, path: str) -> bool:
     tables it reads): ``DESCRIBE DETAIL`` of the path, whatever it holds."""
     if is_connect(spark):
         try:
-            spark.sql(f"DESCRIBE DETAIL {_sql_string(path)}").select("location").collect()
+            spark.sql(f"DESCRIBE DETAIL {sql_string(path)}").select("location").collect()
             return True
         except Exception as exc:
             if any(word in str(exc) for word in _NOT_FOUND):
@@ -185,9 +185,9 @@ def _delta_detail(spark, path: str) -> tuple[str, str] | None:
     """(table id, location) of the Delta table at ``path`` from ``DESCRIBE DETAIL`` (one SQL command,
     any session kind), or None when ``path`` holds no Delta table."""
     try:
-        row = spark.sql(f"DESCRIBE DETAIL {_table_name(path)}").select("id", "location").first()
+        row = spark.sql(f"DESCRIBE DETAIL {table_name(path)}").select("id", "location").first()
     except Exception as exc:
-        if _not_a_table(exc):
+        if not_a_table(exc):
             return None
         raise
     if row is None or row["id"] is None:
@@ -207,7 +207,7 @@ def _delta_snapshot_sql(spark, path: str) -> tuple[int, str] | None:
         first = _delta_detail(spark, path)
         if first is None:
             return None
-        row = spark.sql(f"DESCRIBE HISTORY {_table_name(path)} LIMIT 1").select("version").first()
+        row = spark.sql(f"DESCRIBE HISTORY {table_name(path)} LIMIT 1").select("version").first()
         again = _delta_detail(spark, path)
         if row is not None and again is not None and again[0] == first[0]:
             return int(row["version"]), first[0]
@@ -225,7 +225,7 @@ def _open(spark, path: str, fmt: str, version: int | None, timestamp: str | None
         if timestamp is not None:
             from pyspark.sql import functions as F
 
-            history = spark.sql(f"DESCRIBE HISTORY {_table_name(path)}")  # DeltaTable.history(), any session kind
+            history = spark.sql(f"DESCRIBE HISTORY {table_name(path)}")  # DeltaTable.history(), any session kind
             found_version = (history.where(F.col("timestamp") <= F.to_timestamp(F.lit(timestamp)))
                              .agg(F.max("version")).first()[0])
             if found_version is None:
@@ -537,7 +537,7 @@ def delete_run_rows(spark, path: str, run_id: str, attempt: int | None = None) -
         raise ValueError(f"invalid run id {run_id!r}")
     if _delta_exists(spark, path):
         where = f"run_id = '{run_id}'" + ("" if attempt is None else f" AND attempt = {int(attempt)}")
-        spark.sql(f"DELETE FROM {_table_name(path)} WHERE {where}")
+        spark.sql(f"DELETE FROM {table_name(path)} WHERE {where}")
 
 
 CENTERS_FIXED = ("run_id", "attempt", "cluster_id", "noisy_weight", "private")
