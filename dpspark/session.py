@@ -176,7 +176,7 @@ def small_input(path: str | None, limit: int = SMALL_INPUT_BYTES, max_entries: i
     bounded walk (any error, a remote URI, more than ``max_entries`` entries: False). A Delta table's
     removed files still count (an overestimate: then the default JIT). Only chooses JVM options (the
     speed of the process); nothing of it reaches an output."""
-    from dpspark.tables import local_path
+    from dpspark.localdelta import local_path
 
     local = local_path(path) if path else None
     if local is None:
@@ -291,7 +291,7 @@ def check_connect_server(spark) -> None:
 
 
 # What dpspark's passes import in a Spark Python worker (docs/cluster.md, "What the executors need").
-WORKER_MODULES = ("numpy", "pandas", "pyarrow", "dpspark", "dpspark.maxcover.kernels", "dpspark.dplloyd.kernels",
+WORKER_MODULES = ("numpy", "pandas", "pyarrow", "dpspark", "dpspark.maxcover.kernels", "dpspark.steps.lloyd_kernels",
                   "dpspark.ldp.client")
 _CANNOT_RUN = re.compile(r'Cannot run program "([^"]*)"(?:[^:\n]*: error=\d+, ([^\n)]*))?')
 _NO_MODULE = re.compile(r"No module named '([^']+)'")

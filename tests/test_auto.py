@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from dpspark.auto import AutoClustering, kernels, selection, tree
+from dpspark.auto import AutoClustering, kernels, selection
+from dpspark.steps import tree, tree_kernels
 from dpspark.auto.estimator import choose
 from dpspark.cli import main
 from dpspark.dplloyd.core import numpy_aggregate
@@ -93,9 +94,9 @@ def test_one_record_moves_one_count_per_level_by_one_and_a_sum_by_at_most_d(valu
     hostile = np.full((1, dim), 0.3)
     hostile[0, ::2] = value
     top = tree.max_depth(dim)
-    w, b = kernels.fixed_planes(*tree.draw_planes(np.random.default_rng(5), top, dim))
-    before = _levels(*kernels.leaf_aggregates(quantize(x), w, b), top)
-    after = _levels(*kernels.leaf_aggregates(quantize(np.vstack([x, hostile])), w, b), top)
+    w, b = tree_kernels.fixed_planes(*tree.draw_planes(np.random.default_rng(5), top, dim))
+    before = _levels(*tree_kernels.leaf_aggregates(quantize(x), w, b), top)
+    after = _levels(*tree_kernels.leaf_aggregates(quantize(np.vstack([x, hostile])), w, b), top)
     for (p0, n0, s0), (p1, n1, s1) in zip(before, after):
         nodes = np.union1d(p0, p1)
         c0, c1 = tree._lookup(p0, n0, nodes), tree._lookup(p1, n1, nodes)
@@ -107,9 +108,9 @@ def test_one_record_moves_one_count_per_level_by_one_and_a_sum_by_at_most_d(valu
 def test_the_tree_bits_of_a_record_do_not_depend_on_its_batch():
     dim = 5
     x, _ = unit_blobs(dim, 2, 300, seed=8)
-    w, b = kernels.fixed_planes(*tree.draw_planes(np.random.default_rng(1), 12, dim))
-    whole = kernels.leaf_codes(quantize(x), w, b)
-    pieces = np.concatenate([kernels.leaf_codes(quantize(x[i:i + 7]), w, b) for i in range(0, len(x), 7)])
+    w, b = tree_kernels.fixed_planes(*tree.draw_planes(np.random.default_rng(1), 12, dim))
+    whole = tree_kernels.leaf_codes(quantize(x), w, b)
+    pieces = np.concatenate([tree_kernels.leaf_codes(quantize(x[i:i + 7]), w, b) for i in range(0, len(x), 7)])
     assert np.array_equal(whole, pieces)
 
 
@@ -144,7 +145,7 @@ LEVELS = 2  # the walk's depth, fixed for the test: each level gets EPS_TREE / 2
 def _split_rows(n_left: int, n_right: int):
     """Rows on the two sides of the FIRST public hyperplane (the one private_coreset draws with seed 0)."""
     top = tree.max_depth(STAT_DIM)
-    w, b = kernels.fixed_planes(*tree.draw_planes(np.random.default_rng(0), top, STAT_DIM))
+    w, b = tree_kernels.fixed_planes(*tree.draw_planes(np.random.default_rng(0), top, STAT_DIM))
     pool = np.random.default_rng(99).uniform(-1, 1, size=(4000, STAT_DIM))
     bit = (quantize(pool) @ w[0]) > b[0]
     return pool[~bit][:n_left], pool[bit][:n_right]

@@ -16,7 +16,7 @@ from dpspark.auto import kernels, selection
 from dpspark.auto import estimator
 from dpspark.auto.estimator import AutoClustering
 from dpspark.cli import main
-from dpspark.dplloyd.core import su_split
+from dpspark.steps.lloyd import su_split
 from dpspark.errors import RunKilled
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
@@ -142,7 +142,7 @@ def test_two_inputs_retried_under_one_run_id_both_reuse_their_charge(spark, tmp_
 
 
 def test_lloyd_threshold_is_public_and_set_from_the_noise_sds():
-    from dpspark.auto.estimator import LLOYD_MIN_COUNT_SDS, lloyd_min_count
+    from dpspark.steps.lloyd import LLOYD_MIN_COUNT_SDS, lloyd_min_count
 
     eps_t, dim = 0.2, 6
     eps_count, eps_sums = su_split(eps_t, dim)

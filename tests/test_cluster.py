@@ -117,7 +117,7 @@ def test_executor_modules_import_without_the_driver_only_packages():
         "        if name.split('.')[0] in ('scipy', 'sklearn', 'opendp', 'matplotlib', 'yaml', 'pyspark', 'threadpoolctl'):\n"
         "            raise ImportError('driver-only package imported on an executor: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import dpspark.maxcover.kernels, dpspark.dplloyd.kernels, dpspark.ldp.client\n"
+        "import dpspark.maxcover.kernels, dpspark.steps.lloyd_kernels, dpspark.ldp.client\n"
         "print('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")

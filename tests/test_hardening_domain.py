@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpspark.dplloyd.kernels import assign, exact_aggregates
+from dpspark.steps.lloyd_kernels import assign, exact_aggregates
 from dpspark.maxcover import kernels as mk
 from dpspark.privacy.domain import Domain
 from dpspark.privacy import fixedpoint
@@ -276,7 +276,7 @@ def test_one_bad_row_in_snap_and_cell_aggregators_is_one_bounded_record(poison):
 
 def test_one_nan_row_cannot_add_int64_min_to_a_dplloyd_sum():
     """dplloyd: a NaN row used to be quantized to INT64_MIN and added ~ -9.2e18 to a cluster sum."""
-    from dpspark.dplloyd.passes import partition_aggregator
+    from dpspark.steps.lloyd_pass import partition_aggregator
 
     centroids = np.array([[-0.5, 0.0], [0.5, 0.0], [0.0, 0.7]])
     x = _cluster_points(300)

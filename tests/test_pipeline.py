@@ -194,7 +194,7 @@ def test_same_run_id_is_not_run_twice_unless_forced(spark, tmp_path, write_delta
 @pytest.mark.parametrize("partitions", [1, 3, 17])
 def test_exact_aggregates_do_not_depend_on_partitioning(spark, partitions):
     from dpspark.dplloyd.core import numpy_aggregate
-    from dpspark.dplloyd.passes import spark_aggregate
+    from dpspark.steps.lloyd_pass import spark_aggregate
 
     x = np.random.default_rng(3).uniform(-1, 1, size=(2000, 3))
     df = spark.createDataFrame(pd.DataFrame(x, columns=["_u0", "_u1", "_u2"])).repartition(partitions)

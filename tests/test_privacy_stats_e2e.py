@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 
 from dpspark.dplloyd import core as lloyd_core
-from dpspark.dplloyd.passes import partition_aggregator
+from dpspark.steps.lloyd_pass import partition_aggregator
 from dpspark.errors import PrivacyAccountingError
 from dpspark.maxcover import candidates as cand_mod
 from dpspark.maxcover import core as cov_core
@@ -533,7 +533,7 @@ def _lloyd_exact(points: np.ndarray, clamp: bool = True) -> tuple[np.ndarray, np
 
 def _remove_kernel_clamps(monkeypatch):
     """Deliberately broken: switch off the executors' own clamp, where one exists (defence in depth)."""
-    import dpspark.dplloyd.kernels as lloyd_kernels
+    import dpspark.steps.lloyd_kernels as lloyd_kernels
     import dpspark.privacy.fixedpoint as fixedpoint
 
     for mod in (lloyd_kernels, fixedpoint):
@@ -614,8 +614,8 @@ TREE_EPS_CAND = 1.0 / cand_mod.TREE_LEVELS_SHARE  # eps_tree = 1: two levels of 
 
 def _tree_rows(n_right: int):
     """30 rows on the left and n_right on the right of the first public hyperplane (seed 0's)."""
-    from dpspark.auto import kernels as tree_kernels
-    from dpspark.auto import tree
+    from dpspark.steps import tree_kernels
+    from dpspark.steps import tree
     from dpspark.privacy.fixedpoint import quantize
 
     w, b = tree_kernels.fixed_planes(*tree.draw_planes(np.random.default_rng(0), tree.max_depth(TREE_DIM), TREE_DIM))
@@ -625,7 +625,7 @@ def _tree_rows(n_right: int):
 
 
 def _tree_right_kept(n_right: int, runs: int, seed: int, level_eps: list) -> np.ndarray:
-    from dpspark.auto import tree
+    from dpspark.steps import tree
 
     agg = tree.numpy_tree_aggregates(_tree_rows(n_right))
     dom = Domain(dim=TREE_DIM, lower=(-1.0,) * TREE_DIM, upper=(1.0,) * TREE_DIM)
@@ -656,7 +656,7 @@ def test_tree_candidates_structure_loss_is_within_the_charged_level_epsilon_and_
     eps_level = 0.5 (read from the accountant): 6 vs 7 rows on the right give P(kept) 0.62 vs 0.77, a loss
     of 0.50, tight. 4,000 runs a side (se <= 0.05 per bin): a correct release exceeds eps_level + 7 se
     with probability < 1e-8; with half the noise at the levels the loss is 1.0 and is caught (8,000 runs)."""
-    from dpspark.auto import tree
+    from dpspark.steps import tree
 
     monkeypatch.setattr(tree, "depth_for", lambda noisy_n, k, limit: 2)
     charged: list = []
@@ -671,7 +671,7 @@ def test_tree_candidates_structure_loss_is_within_the_charged_level_epsilon_and_
 
 
 def test_tree_candidates_charge_exactly_eps_cand_and_no_delta():
-    from dpspark.auto import tree
+    from dpspark.steps import tree
 
     x = np.clip(np.random.default_rng(3).normal(0.2, 0.1, size=(3000, TREE_DIM)), -1, 1)
     dom = Domain(dim=TREE_DIM, lower=(-1.0,) * TREE_DIM, upper=(1.0,) * TREE_DIM)

@@ -13,7 +13,7 @@ configured (epsilon, delta); never the data:
   row count chooses a public grid of max(1000, 40 k) points, or the private grid cells when
   it shows at least ``maxcover.params.PRIVATE_MIN_SIGNAL`` points per cluster at this epsilon;
   (epsilon, delta)-DP.
-- otherwise, k-means: the private LSH-tree coreset (``dpspark.auto.tree``) solved on the
+- otherwise, k-means: the private LSH-tree coreset (``dpspark.steps.tree``) solved on the
   driver as the start of a few DP Lloyd steps on the full data, pure epsilon-DP;
 - otherwise, k-median: the same coreset solved by weighted k-median, pure epsilon-DP.
 
@@ -54,14 +54,15 @@ import math
 import numpy as np
 
 from dpspark import solvers, tables
-from dpspark.auto import selection, tree
-from dpspark.dplloyd.core import noisy_update, su_split
-from dpspark.dplloyd.passes import spark_aggregate
+from dpspark.auto import selection
 from dpspark.model import ClusteringModel
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import step
+from dpspark.steps import tree
+from dpspark.steps.lloyd import lloyd_min_count, lloyd_move, noisy_update
+from dpspark.steps.lloyd_pass import spark_aggregate
 
 GRID_MAX_DIM = 3
 # The maxcover route's driver work grows with k^2 (a grid of max(1000, 40 k) candidates, 2 k ln 2
@@ -117,40 +118,6 @@ def lloyd_steps(noisy_n: float, dim: int, k: int, eps_lloyd: float) -> int:
     if noise > 0.005:
         return 2
     return 3
-
-
-# A Lloyd step moves a cluster's center only when its noisy count is at least this many noise
-# standard deviations of its (count, coordinate sum) pair (``lloyd_min_count``): 0.5, i.e. unless the
-# noisy mean's noise exceeds the whole width (2) of a coordinate's range. Measured against the old
-# rule (noisy count >= 1; scripts/bench_auto_lloyd_threshold.py and numpy-reference runs, 80 paired
-# seeds, eps 0.5 and 1, adult, blood, tripadvisor): 0.5 changes the mean paired cost by -0.3% to
-# +0.2% (medians unchanged); 1 by -0.2% to +0.9% (blood worse); 3 ("a few sd") by up to +2.1% on
-# blood and +1.3% on adult (13 of 40 adult seeds worse by > 1%): the previous center, from the coreset,
-# is often no better than a noisy mean clipped into the domain, so a higher bar costs utility.
-LLOYD_MIN_COUNT_SDS = 0.5
-
-
-def lloyd_min_count(eps_t: float, dim: int, noise_rule: str = "su") -> float:
-    """The noisy count a cluster needs for a Lloyd step to move its center: PUBLIC (eps_t, d, the noise rule).
-
-    The new center's coordinate j is (S_j + e_j) / (n + e_n) ~ S_j / n + (e_j - (S_j / n) e_n) / n,
-    with |S_j / n| <= 1 in unit space: its noise has a standard deviation of at most
-    sd = sqrt(sd_sum^2 + sd_count^2) / n, where sd_sum and sd_count are those of the noise on one
-    coordinate sum and on the count (a Laplace of scale b has sd sqrt(2) b). The center moves
-    only when the noisy count is at least LLOYD_MIN_COUNT_SDS * sqrt(sd_sum^2 + sd_count^2), i.e.
-    when that noise is at most 1 / LLOYD_MIN_COUNT_SDS (= 2, the width of a coordinate's range
-    [-1, 1]); below, the new center would be noise spread wider than the domain and the previous
-    (released) center is kept. Never below 1 (the old rule). Reads no data: post-processing of the
-    step's release, no charge.
-    """
-    if noise_rule == "su":
-        eps_count, eps_sums = su_split(eps_t, dim)
-        sd_count, sd_sum = math.sqrt(2.0) / eps_count, math.sqrt(2.0) * dim / eps_sums
-    elif noise_rule == "paper":  # one (count, sums) vector, Laplace((d + 1) / eps_t) on every entry
-        sd_count = sd_sum = math.sqrt(2.0) * (dim + 1) / eps_t
-    else:
-        raise ValueError(f"noise_rule={noise_rule!r} should be 'su' or 'paper'")
-    return max(1.0, LLOYD_MIN_COUNT_SDS * math.hypot(sd_count, sd_sum))
 
 
 class AutoClustering:
@@ -251,7 +218,7 @@ class AutoClustering:
         """The tree routes on given exact aggregations (Spark passes in ``fit``; numpy references in tests).
 
         ``tree_aggregate(w, b)`` as ``tree.spark_tree_aggregates``; ``lloyd_aggregate(centers)`` as
-        ``dplloyd.passes.spark_aggregate``; ``costs(solutions, power, cap)`` as ``selection.spark_costs``.
+        ``steps.lloyd_pass.spark_aggregate``; ``costs(solutions, power, cap)`` as ``selection.spark_costs``.
         """
         route, why = self._validated()
         if route == "maxcover":
@@ -330,13 +297,3 @@ class AutoClustering:
             centers, weights = lloyd_move(centers, noisy_counts, noisy_sums, lloyd_min_count(eps_t, self.domain.dim, "su"),
                                           self.domain)
         return centers, weights, steps
-
-
-def lloyd_move(centers: np.ndarray, noisy_counts: np.ndarray, noisy_sums: np.ndarray, min_count: float, domain: Domain):
-    """Post-processing of one Lloyd step's release: (new centers, weights). A cluster whose noisy count is
-    below the public ``min_count`` keeps its previous (released) center; the others move to their noisy
-    mean, clipped into the domain. Weights are the noisy counts clipped at 0."""
-    ok = noisy_counts >= min_count
-    new = np.array(centers, dtype=np.float64, copy=True)
-    new[ok] = noisy_sums[ok] / noisy_counts[ok, None]
-    return domain.clip_unit(new), np.maximum(noisy_counts, 0.0)

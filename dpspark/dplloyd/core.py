@@ -1,7 +1,7 @@
 """Driver-side logic of DP Lloyd (no Spark here): initial centroids, budget
 schedule, the noisy update, merging. The exact per-cluster aggregates come from
 an ``aggregate(centroids) -> (counts, fixed_point_sums)`` callable: a Spark pass
-in production (``dpspark.dplloyd.passes``), numpy in tests.
+in production (``dpspark.steps.lloyd_pass``), numpy in tests.
 
 All work happens in unit space (the public domain mapped onto [-1, 1]^d), where
 under add/remove of one record a cluster count changes by 1 and each coordinate
@@ -20,28 +20,13 @@ from typing import Callable
 import numpy as np
 
 from dpspark import solvers
-from dpspark.dplloyd.kernels import exact_aggregates  # the executors run it too
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
-from dpspark.privacy.fixedpoint import SCALE
-from dpspark.privacy.mechanisms import LaplaceMechanism
+# The DP Lloyd step the families share (re-exported: dplloyd's callers and tests read them here).
+from dpspark.steps.lloyd import SU_RHO, noisy_update, su_split  # noqa: F401
+from dpspark.steps.lloyd_kernels import exact_aggregates  # the executors run it too
 
 log = logging.getLogger("dpspark")
-
-# Su et al. (2016/2017), "Differentially private k-means clustering" (DPLloyd-Impr):
-# within one iteration's share eps_t, the count gets eps_t * c / (d + c) and each of the
-# d coordinate sums eps_t / (d + c), with c = cbrt(4 d rho^2) and rho = 0.225. (The
-# well-known library bug swaps these two shares, which overspends for d >= 5.)
-SU_RHO = 0.225
-
-
-def su_split(eps_t: float, dim: int) -> tuple[float, float]:
-    """(epsilon of the count vector, epsilon of the whole d-dimensional sum vector); they add to eps_t."""
-    c = (4.0 * dim * SU_RHO**2) ** (1.0 / 3.0)
-    eps_count = eps_t * c / (dim + c)
-    eps_sums = eps_t - eps_count  # = eps_t * d / (d + c): d coordinates at eps_t / (d + c) each
-    return eps_count, eps_sums
-
 
 def iteration_shares(epsilon: float, iterations: int, schedule: str) -> list[float]:
     """Per-iteration budget shares, summing to ``epsilon``.
@@ -101,32 +86,6 @@ class LloydTrace:
     shares: list[float] = field(default_factory=list)
     reseeded: list[int] = field(default_factory=list)
     initial_centroids: list = field(default_factory=list)  # public: drawn before looking at the data
-
-
-def noisy_update(counts: np.ndarray, sums: np.ndarray, eps_t: float, noise_rule: str, accountant: Accountant, label: str):
-    """Release noisy counts (K,) and noisy unit-space sums (K, d) for one iteration.
-
-    ``counts`` are exact int64 counts, ``sums`` exact fixed-point int64 sums (units of
-    1/SCALE). Charges exactly eps_t.
-    """
-    dim = sums.shape[1]
-    if noise_rule == "su":
-        eps_count, eps_sums = su_split(eps_t, dim)
-        noisy_counts = accountant.laplace(f"{label} counts", counts, LaplaceMechanism(eps_count, sensitivity=1.0)).astype(np.float64)
-        noisy_sums = accountant.laplace(
-            f"{label} sums", sums, LaplaceMechanism(eps_sums, sensitivity=float(dim), unit=1.0 / SCALE)
-        ).astype(np.float64) / SCALE
-    elif noise_rule == "paper":
-        # The paper's Algorithm 1: Lap((d r + 1) / eps_t) on the count and on each sum (r = 1):
-        # one release of the (count, sums) vector, whose L1 sensitivity is d + 1.
-        vector = np.concatenate([counts.astype(np.int64)[:, None] * SCALE, sums], axis=1)
-        noisy = accountant.laplace(
-            f"{label} counts+sums", vector, LaplaceMechanism(eps_t, sensitivity=float(dim + 1), unit=1.0 / SCALE)
-        ).astype(np.float64) / SCALE
-        noisy_counts, noisy_sums = noisy[:, 0], noisy[:, 1:]
-    else:
-        raise ValueError(f"noise={noise_rule!r} should be 'su' or 'paper'")
-    return noisy_counts, noisy_sums
 
 
 def run_lloyd(

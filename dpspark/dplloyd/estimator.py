@@ -17,12 +17,12 @@ from dataclasses import asdict
 from dpspark import tables
 from dpspark.dplloyd import core
 from dpspark.dplloyd.params import MERGES, NOISE_RULES, VARIANTS, DPLloydParams
-from dpspark.dplloyd.passes import spark_aggregate
 from dpspark.model import ClusteringModel
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import step
+from dpspark.steps.lloyd_pass import spark_aggregate
 
 
 class DPLloyd:

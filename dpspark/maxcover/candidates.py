@@ -8,7 +8,7 @@
 - ``private``: a DP candidate generator in the spirit of the paper's section 5
   (see :func:`private_candidates`): noisy heavy cells of randomly shifted grids at
   several scales, candidates at the noisy means of the heavy cells.
-- ``tree``: the private LSH tree of ``dpspark.auto.tree`` (see :func:`tree_candidates`):
+- ``tree``: the private LSH tree of ``dpspark.steps.tree`` (see :func:`tree_candidates`):
   random hyperplane cells, which stay populated in any d, candidates at the noisy
   means of its leaves. Pure epsilon-DP (spends no delta).
 
@@ -65,7 +65,7 @@ import math
 import numpy as np
 
 from dpspark import tables
-from dpspark.auto import tree
+from dpspark.steps import tree
 from dpspark.errors import SchemaError
 from dpspark.maxcover import core, kernels, passes
 from dpspark.privacy.accountant import Accountant
@@ -265,14 +265,14 @@ def tree_candidates(aggregate, domain: Domain, count: int, k: int, eps_cand: flo
                     rng: np.random.Generator):
     """``candidates: tree``: the noisy means of the leaves of the private LSH tree. Returns (candidates, info).
 
-    Privacy: exactly ``dpspark.auto.tree.private_coreset`` (its module docstring has the argument:
+    Privacy: exactly ``dpspark.steps.tree.private_coreset`` (its module docstring has the argument:
     a noisy root count, one noisy count vector per level of L1 sensitivity 1 composed over the
     levels walked, the unwalked levels' budget moved to one release of the disjoint leaves' sums
     of L1 sensitivity d), with eps_root + eps_tree + eps_sums = eps_cand (``tree_split``, public)
     and no delta: (eps_cand, 0)-DP under add/remove of one record, charged through the run's
     accountant, whatever the walk does. It composes with the coverage loop and the final counts
     by basic composition, as the grid generator does. ``aggregate(w, b)``: the exact per-deepest-path
-    counts and sums (``dpspark.auto.tree.spark_tree_aggregates``: one Spark pass; numpy in tests).
+    counts and sums (``dpspark.steps.tree.spark_tree_aggregates``: one Spark pass; numpy in tests).
 
     Post-processing: the leaves' noisy means (clipped into the domain), the ``count`` with the
     highest noisy counts first, duplicates dropped, padded with public random points to k.

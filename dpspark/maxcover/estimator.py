@@ -48,10 +48,6 @@ import numpy as np
 
 from dpspark import solvers, tables
 from dpspark.maxcover import candidates as cand_mod
-from dpspark.auto.estimator import lloyd_min_count, lloyd_move
-from dpspark.auto.tree import spark_tree_aggregates
-from dpspark.dplloyd.core import noisy_update
-from dpspark.dplloyd.passes import spark_aggregate
 from dpspark.maxcover import core
 from dpspark.maxcover.params import (CANDIDATE_MODES, CHARGED_MODES, CHOICE_SHARE, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC,
                                      GRID_PER_CLUSTER, MAX_GRID_POINTS, PRIVATE_MIN_SIGNAL, SOLVERS, MaxCoverParams, budget_split, choose_candidates,
@@ -65,6 +61,9 @@ from dpspark.privacy.domain import Domain
 from dpspark.privacy.mechanisms import LaplaceMechanism
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import log, step
+from dpspark.steps.lloyd import lloyd_min_count, lloyd_move, noisy_update
+from dpspark.steps.lloyd_pass import spark_aggregate
+from dpspark.steps.tree import spark_tree_aggregates
 
 POWER = {"kmedian": 1, "kmeans": 2}
 
@@ -268,11 +267,11 @@ class MaxCover:
         """One DP Lloyd step from the solved centers: (new unit-space centers, their noisy counts clipped at 0).
 
         Privacy: the centers going in are post-processing of releases (coverage picks, noisy counts).
-        One Spark pass (``aggregate``, as ``dplloyd.passes.spark_aggregate``) gives each center's exact
+        One Spark pass (``aggregate``, as ``steps.lloyd_pass.spark_aggregate``) gives each center's exact
         count and fixed-point coordinate sum of the points nearest to it; one record lies in exactly one
         cluster, so the count vector has L1 sensitivity 1 and the sum vector L1 sensitivity d (unit
         space): ``dplloyd.core.noisy_update`` releases both with discrete Laplace under Su et al.'s split,
-        charged exactly eps_lloyd. The move (``auto.estimator.lloyd_move``: noisy mean, clipped into the
+        charged exactly eps_lloyd. The move (``steps.lloyd.lloyd_move``: noisy mean, clipped into the
         domain, only where the noisy count clears the public ``lloyd_min_count``) is post-processing. The
         same step as auto's and dplloyd's, with the same tests of its noise.
         """

@@ -10,7 +10,7 @@ without a cluster.
 
 The distance rule (``_sq_dists``, in ``dpspark.kernels`` below every family) is shared with the
 driver-side numpy reference in ``dpspark.maxcover.core``, so both agree bit for bit;
-``nearest_center`` (the same rule) also labels dplloyd's points (``dpspark.dplloyd.kernels.assign``)
+``nearest_center`` (the same rule) also labels dplloyd's points (``dpspark.steps.lloyd_kernels.assign``)
 and ``ClusteringModel.transform``'s rows. Every batch read goes through ``sanitize_unit``.
 """
 

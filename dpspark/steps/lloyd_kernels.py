@@ -1,8 +1,9 @@
-"""The executor side of the DP Lloyd pass: numpy only.
+"""The executor side of the DP Lloyd pass (``dpspark.steps.lloyd_pass``; dplloyd, auto and maxcover
+run it): numpy only.
 
 ``exact_aggregates`` runs inside ``mapInPandas`` on the executors (and in the numpy
 reference on the driver), so this module imports numpy, ``dpspark.privacy.fixedpoint``
-and ``dpspark.maxcover.kernels`` (the shared per-entry distance rule, numpy only) only:
+and ``dpspark.kernels`` (the shared per-entry distance rule, numpy only) only:
 never scikit-learn, OpenDP or pyspark.
 """
 

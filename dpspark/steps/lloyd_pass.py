@@ -1,4 +1,5 @@
-"""The Spark pass of one DP Lloyd iteration: executors aggregate, the driver decides.
+"""The Spark pass of one DP Lloyd iteration (dplloyd, auto and maxcover run it): executors
+aggregate, the driver decides.
 
 Each executor task reads its Arrow batches of unit-space points, quantizes them to
 fixed point, assigns every point to its nearest centroid (vectorised numpy), and
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpspark.dplloyd.kernels import exact_aggregates
 from dpspark.privacy.fixedpoint import quantize
+from dpspark.steps.lloyd_kernels import exact_aggregates
 
 
 def _schema(dim: int) -> str:

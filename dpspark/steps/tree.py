@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dpspark.auto.kernels import fixed_planes, leaf_aggregates, tree_aggregator
+from dpspark.steps.tree_kernels import fixed_planes, leaf_aggregates, tree_aggregator
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.fixedpoint import SCALE, quantize
