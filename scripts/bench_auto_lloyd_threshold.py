@@ -1,7 +1,7 @@
 """auto's Lloyd-step threshold (issue 26, finding 5.3): the old rule against the new one, through Spark.
 
 A Lloyd step of auto used to move every cluster whose noisy count was >= 1; it now moves a cluster
-only when its noisy count clears ``estimator.lloyd_min_count(eps_t, d)`` (LLOYD_MIN_COUNT_SDS noise
+only when its noisy count clears ``steps.lloyd.lloyd_min_count(eps_t, d)`` (LLOYD_MIN_COUNT_SDS noise
 standard deviations of the count and a coordinate sum), else it keeps the previous (released) center.
 This script fits ``AutoClustering`` (delta = 0: the tree + Lloyd route) with the old rule and with
 each LLOYD_MIN_COUNT_SDS given (default: the shipped value) on a few public datasets, every fit
@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
 import bench_harness as bh  # noqa: E402
@@ -42,9 +41,9 @@ DEFAULT_DATASETS = ("adult", "blood", "tripadvisor")  # the ones where the rule 
 
 def rules(sds_values):
     """(name, LLOYD_MIN_COUNT_SDS) pairs, the old rule first: 0 gives max(1, 0) = 1, i.e. noisy count >= 1."""
-    from dpspark.auto import estimator
+    from dpspark.steps import lloyd
 
-    shipped = estimator.LLOYD_MIN_COUNT_SDS
+    shipped = lloyd.LLOYD_MIN_COUNT_SDS
     return [("old: noisy count >= 1", 0.0)] + [
         (f"{z:g} sd" + (" (shipped)" if z == shipped else ""), z) for z in (sds_values or [shipped])]
 
@@ -52,22 +51,21 @@ def rules(sds_values):
 def fit_once(frame, x_unit, lo, hi, k, eps, seed, sds):
     """One seeded fit with LLOYD_MIN_COUNT_SDS = sds: (cost, clusters held by this threshold but not by >= 1)."""
     from dpspark.auto import AutoClustering, estimator
-    from dpspark.privacy.domain import Domain
+    from dpspark.steps import lloyd
 
     held = []
-    real_move, real_sds = estimator.lloyd_move, estimator.LLOYD_MIN_COUNT_SDS
+    real_move, real_sds = estimator.lloyd_move, lloyd.LLOYD_MIN_COUNT_SDS
 
     def counting_move(centers, noisy_counts, noisy_sums, min_count, domain):
         held.append(int(((noisy_counts >= 1.0) & (noisy_counts < min_count)).sum()))
         return real_move(centers, noisy_counts, noisy_sums, min_count, domain)
 
-    estimator.lloyd_move, estimator.LLOYD_MIN_COUNT_SDS = counting_move, sds
+    estimator.lloyd_move, lloyd.LLOYD_MIN_COUNT_SDS = counting_move, sds
     try:
-        dom = Domain(dim=len(lo), lower=tuple(float(v) for v in lo), upper=tuple(float(v) for v in hi))
-        est = AutoClustering(k=k, epsilon=eps, delta=0.0, domain=dom, features=tuple(frame.columns), seed=seed)
+        est = AutoClustering(k=k, epsilon=eps, delta=0.0, domain=bc.domain(lo, hi), features=tuple(frame.columns), seed=seed)
         model = est.fit(frame)
     finally:
-        estimator.lloyd_move, estimator.LLOYD_MIN_COUNT_SDS = real_move, real_sds
+        estimator.lloyd_move, lloyd.LLOYD_MIN_COUNT_SDS = real_move, real_sds
     route = (model.info.get("auto") or {})
     return bc.kmeans_cost(x_unit, bc.scale_unit(model.centers, lo, hi)), sum(held), route.get("lloyd_steps")
 

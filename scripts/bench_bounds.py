@@ -37,15 +37,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
 import bench_harness as bh  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "bench" / "results" / "bounds"
-DATASETS = ["s1", "a3", "birch2", "unbalance", "skin_segmentation", "blood_transfusion", "tripadvisor_review",
-            "electrical_grid_stability", "adult", "google_review_ratings", "credit_card_clients"]
+DEFAULT_OUT = bc.ROOT / "bench" / "results" / "bounds"
+DATASETS = bc.SHARED_DATASETS
 SETTINGS = ["tight", "10x", "estimate", "estimate_nobox"]
 DELTA = 1e-6
 WIDE = 10.0
@@ -63,7 +60,6 @@ def boxes(x: np.ndarray) -> dict:
 def estimator(setting: str, x: np.ndarray, k: int, eps: float):
     from dpspark.auto import AutoClustering
     from dpspark.estimated_domain import DomainEstimating
-    from dpspark.privacy.domain import Domain
 
     d = x.shape[1]
     feats = tuple(f"f{j}" for j in range(d))
@@ -74,7 +70,7 @@ def estimator(setting: str, x: np.ndarray, k: int, eps: float):
     b = boxes(x)
     if setting in ("tight", "10x"):
         lo, hi = b["tight" if setting == "tight" else "wide"]
-        return build(eps, DELTA, Domain(d, tuple(map(float, lo)), tuple(map(float, hi))))
+        return build(eps, DELTA, bc.domain(lo, hi))
     outer = None if setting == "estimate_nobox" else tuple(tuple(map(float, v)) for v in b["wide"])
     return DomainEstimating(build, dim=d, epsilon=eps, delta=DELTA, outer=outer, features=feats)
 
@@ -120,7 +116,6 @@ def scale(spark, n: int, out: Path, argv) -> None:
     from dpspark import tables
     from dpspark.estimated_domain import dyadic_counts, octave_counts
     from dpspark.privacy import bounds
-    from dpspark.privacy.domain import Domain
 
     d = 10
     means = np.random.default_rng(48).uniform(-50, 50, (10, d))
@@ -128,7 +123,7 @@ def scale(spark, n: int, out: Path, argv) -> None:
         cols = bh.mixture_table(spark, f"{tmp}/t", n, means, 5.0, 48, 8)
         df = spark.read.format("delta").load(f"{tmp}/t")
         raw, _ = tables.prepare_raw(df, tuple(cols), None, d, "bench")
-        box = Domain(d, (-500.0,) * d, (500.0,) * d)
+        box = bc.domain([-500.0] * d, [500.0] * d)
         jobs = {"one read (count of valid rows)": lambda: raw.agg(F.count(F.lit(1))).collect(),
                 "estimate, outer box (dyadic pass)": lambda: dyadic_counts(raw, box, bounds.LEVELS),
                 "octave pass (no outer box: also)": lambda: octave_counts(raw, d)}
@@ -159,7 +154,7 @@ def main(argv=None) -> int:
     if args.scale:
         args.out.mkdir(parents=True, exist_ok=True)
         with bh.session("bench_bounds") as spark:
-            scale(spark, args.scale, args.out, argv if argv is not None else sys.argv[1:])
+            scale(spark, args.scale, args.out, argv)
         return 0
     names = args.datasets or (["blood_transfusion"] if args.quick else DATASETS)
     reps = args.reps or (1 if args.quick else 5)
@@ -191,7 +186,7 @@ def main(argv=None) -> int:
             bh.write_csv(args.out / "runs.csv", rows, COLUMNS)
     table, verdicts = summarize(rows)
     md = ["# Bounds benchmark: auto with a tight box, a 10x box, and the private estimate", "",
-          f"`{bh.command_line('bench_bounds.py', argv if argv is not None else sys.argv[1:])}`", "",
+          f"`{bh.command_line('bench_bounds.py', argv)}`", "",
           f"epsilon {args.epsilon} in total (the estimate's share included), delta {DELTA}, median of {reps} run(s), "
           "whole tables in their original units, cost / non-private k-means++ (best of 10). `tight` is the data's own "
           "min/max: NON-PRIVATE, the reference only.", "", f"Machine: {bh.machine_description()}", "", table, "",

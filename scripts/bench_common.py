@@ -111,13 +111,14 @@ def load_skin(k: int = 2):
     return "skin_segmentation", _finite_rows(df[["B", "G", "R"]].to_numpy(dtype=np.float64)), k
 
 
-SIPU_LOADERS = [load_s1, load_a3, load_birch2, load_unbalance]
-ALL_LOADERS = DPKCCM_LOADERS + SIPU_LOADERS + [load_skin]
 # The loaders by the name of the dataset they return (loads nothing).
 LOADERS_BY_NAME = {"blood_transfusion": load_blood_transfusion, "adult": load_adult, "tripadvisor_review": load_tripadvisor,
                    "electrical_grid_stability": load_electrical_grid, "google_review_ratings": load_google_reviews,
                    "credit_card_clients": load_credit_card, "s1": load_s1, "a3": load_a3, "birch2": load_birch2,
                    "unbalance": load_unbalance, "skin_segmentation": load_skin}
+# Every shared dataset, in the order of the benchmarks' tables.
+SHARED_DATASETS = ["s1", "a3", "birch2", "unbalance", "skin_segmentation", "blood_transfusion", "tripadvisor_review",
+                   "electrical_grid_stability", "adult", "google_review_ratings", "credit_card_clients"]
 
 
 # --------------------------------------------------------------------------
@@ -135,6 +136,13 @@ def public_bounds(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lo[flat] -= 0.5
     hi[flat] += 0.5
     return lo, hi
+
+
+def domain(lo, hi):
+    """The public ``Domain`` (dpspark.privacy.domain) of the box [lo, hi]."""
+    from dpspark.privacy.domain import Domain
+
+    return Domain(dim=len(lo), lower=tuple(float(v) for v in lo), upper=tuple(float(v) for v in hi))
 
 
 def scale_unit(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -170,10 +178,6 @@ def nonprivate_baseline(x_scaled: np.ndarray, k: int, seed: int = 0, n_init: int
     km = KMeans(n_clusters=k, init="k-means++", n_init=n_init, random_state=seed).fit(x_scaled)
     centers = km.cluster_centers_
     return centers, kmeans_cost(x_scaled, centers)
-
-
-def cost_ratio(x_scaled: np.ndarray, centers: np.ndarray, baseline_cost: float) -> float:
-    return kmeans_cost(x_scaled, centers) / baseline_cost
 
 
 # --------------------------------------------------------------------------

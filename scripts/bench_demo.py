@@ -83,6 +83,7 @@ TOP_STEPS = ["start Spark session", "pre-flight checks", "check the Python worke
              "check that every input is in", "privacy ledger: earlier attempts", "privacy ledger: charge",
              "wait for the runs table (running)", "privacy ledger: fit started", "FIT", "write centers table", "write report.png",
              "write runs table and summary.json", "privacy ledger: end"]
+OUTSIDE = "outside the steps (Python start and imports, exit)"
 
 
 def _timed(cmd: list[str], log_path: Path, env: dict, timeout: float) -> tuple[float, int, str, str]:
@@ -139,10 +140,6 @@ def run_mllib(table: str, work: Path, logs: Path, rep: int, env: dict, timeout: 
             "iterations": result.get("iterations"), "steps": result.get("timings", {})}
 
 
-def run_mllib_small_job(table: str, work: Path, logs: Path, rep: int, env: dict, timeout: float) -> dict:
-    return run_mllib(table, work, logs, rep, env, timeout, small_job=True)
-
-
 def read_run_records(rows: list[dict]) -> None:
     """Each dpspark run's step timings from its operator record ($DPSPARK_OPERATOR_LOG: NON-PRIVATE
     operational metadata, kept by the deployment, never under output.path)."""
@@ -169,9 +166,23 @@ def breakdown(row: dict) -> dict:
         if name in TOP_STEPS and name not in steps and name != fit:
             steps[name] = seconds
     nested = {k: v for k, v in row["record_steps"].items() if k != fit and k not in TOP_STEPS}
-    steps["outside the steps (Python start and imports, exit)"] = round(row["wall_s"] - sum(steps.values()), 3)
+    steps[OUTSIDE] = round(row["wall_s"] - sum(steps.values()), 3)
     return {"steps": steps, "passes": len([k for k in nested if " pass" in k]),
             "passes_s": round(sum(v for k, v in nested.items() if " pass" in k), 3)}
+
+
+def steps_table(runs: list[dict], med: float, with_passes: bool = False) -> str:
+    """The median and every run of each top-level step of ``runs`` (one checkout's), then the whole process."""
+    details = [breakdown(r) for r in runs]
+    rows = []
+    for name in [n for n in TOP_STEPS + [OUTSIDE] if any(n in d["steps"] for d in details)]:
+        values = [d["steps"][name] for d in details if name in d["steps"]]
+        label = f"{runs[0]['algorithm']}: fit" if name == "FIT" else name
+        if name == "FIT" and with_passes:
+            label += f" ({details[0]['passes']} Spark passes, median {statistics.median(d['passes_s'] for d in details):.1f} s of them)"
+        rows.append([label, f"{statistics.median(values):.2f}", ", ".join(f"{v:.2f}" for v in values)])
+    rows.append(["**whole process**", f"**{med:.2f}**", ", ".join(f"{r['wall_s']:.2f}" for r in runs)])
+    return bh.markdown_table(["step", "median (s)", "runs (s)"], rows)
 
 
 def report(rows: list[dict], args, table: str, make_s: float | None) -> str:
@@ -230,18 +241,7 @@ def report(rows: list[dict], args, table: str, make_s: float | None) -> str:
         "start, imports before the session, process exit.",
         "",
     ]
-    details = [breakdown(r) for r in dp]
-    names = [n for n in TOP_STEPS + ["outside the steps (Python start and imports, exit)"]
-             if any(n in d["steps"] for d in details)]
-    step_rows = []
-    for name in names:
-        values = [d["steps"][name] for d in details if name in d["steps"]]
-        label = f"{dp[0]['algorithm']}: fit" if name == "FIT" else name
-        if name == "FIT":
-            label += f" ({details[0]['passes']} Spark passes, median {statistics.median(d['passes_s'] for d in details):.1f} s of them)"
-        step_rows.append([label, f"{statistics.median(values):.2f}", ", ".join(f"{v:.2f}" for v in values)])
-    step_rows.append(["**whole process**", f"**{dp_med:.2f}**", ", ".join(f"{r['wall_s']:.2f}" for r in dp)])
-    parts.append(bh.markdown_table(["step", "median (s)", "runs (s)"], step_rows))
+    parts.append(steps_table(dp, dp_med, with_passes=True))
     for label in sorted({r["job"] for r in rows if r["job"].startswith("dpspark:")}):
         other = [r for r in rows if r["job"] == label]
         med = statistics.median(r["wall_s"] for r in other)
@@ -249,13 +249,7 @@ def report(rows: list[dict], args, table: str, make_s: float | None) -> str:
                   f"({med / ml_med:.2f}x the MLlib job; this tree: {dp_med / med:.2f}x of it)", "",
                   "Its own record and log lines (an older runner times fewer steps: the rest is \"outside\"). "
                   "Set-budget: " + ", ".join(f"{r['set_budget_s']:.1f}" for r in other) + " s.", ""]
-        od = [breakdown(r) for r in other]
-        onames = [n for n in TOP_STEPS + ["outside the steps (Python start and imports, exit)"] if any(n in d["steps"] for d in od)]
-        orows = [[f"{other[0]['algorithm']}: fit" if n == "FIT" else n,
-                  f"{statistics.median([d['steps'][n] for d in od if n in d['steps']]):.2f}",
-                  ", ".join(f"{d['steps'][n]:.2f}" for d in od if n in d["steps"])] for n in onames]
-        orows.append(["**whole process**", f"**{med:.2f}**", ", ".join(f"{r['wall_s']:.2f}" for r in other)])
-        parts.append(bh.markdown_table(["step", "median (s)", "runs (s)"], orows))
+        parts.append(steps_table(other, med))
     mlsteps = sorted({k for r in ml for k in r["steps"]}, key=lambda k: list(ml[0]["steps"]).index(k) if k in ml[0]["steps"] else 99)
     parts += ["", "MLlib job's own steps (its result.json), median (s): "
               + ", ".join(f"{k} {statistics.median(r['steps'][k] for r in ml if k in r['steps']):.2f}" for k in mlsteps)
@@ -304,7 +298,8 @@ def main(argv=None) -> int:
                 raise SystemExit(f"bench_demo: make_demo_table.py failed, see {logs}/make_demo_table.log")
         rows = []
         for rep in range(args.reps):
-            jobs = [run_dpspark, run_mllib] + ([] if args.no_small_job_baseline else [run_mllib_small_job])
+            jobs = [run_dpspark, run_mllib] + ([] if args.no_small_job_baseline else
+                                               [lambda *a: run_mllib(*a, small_job=True)])
             for label, code in args.also_dirs.items():
                 jobs.append(lambda *a, label=label, code=code: run_dpspark(*a, label=label, code=code))
             jobs = jobs[rep % len(jobs):] + jobs[:rep % len(jobs)]  # rotate: each job first in turn

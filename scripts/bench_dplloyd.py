@@ -31,11 +31,11 @@ the literature (see bench_common.PUBLIC_BOUNDS_NOTE).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
 import math
-
 import secrets
 import sys
 import time
@@ -46,14 +46,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
 import bench_harness as bh  # noqa: E402
 from dpspark.dplloyd import core  # noqa: E402
 from dpspark.dplloyd.params import VARIANTS, DPLloydParams  # noqa: E402
 from dpspark.privacy.accountant import Accountant  # noqa: E402
-from dpspark.privacy.domain import Domain  # noqa: E402
 from dpspark.privacy.mechanisms import NoiseSource, OpenDPNoise, SeededNoise  # noqa: E402
 
 VARIANT_ORDER = ["allocation_nk", "average_nk", "average_k", "allocation_k"]  # the paper's ranking, best first
@@ -117,7 +115,7 @@ def prepared(loader_name: str):
     """(name, k, public domain, unit-space X, exact aggregate, non-private baseline cost), once per process."""
     name, x, k = getattr(bc, loader_name)()
     lo, hi = bc.public_bounds(x)  # PUBLIC for the benchmark (see bench_common)
-    domain = Domain(dim=x.shape[1], lower=tuple(lo), upper=tuple(hi))
+    domain = bc.domain(lo, hi)
     unit = domain.clip_to_unit(x)
     _, base_cost = bc.nonprivate_baseline(unit, k, seed=0, n_init=10)
     return name, k, domain, unit, core.numpy_aggregate(unit), base_cost
@@ -374,10 +372,8 @@ def plot(rows, datasets, out_dir: Path):
         axes[1].legend(fontsize=8)
         fig.suptitle(f"dplloyd on {ds} (n={n}, d={d}, k={k}, {ITERATIONS} iterations, "
                      f"{len(by.get((ds, EPSILONS[0], 'average_k', 'su', NO_MERGE), []))} runs per point)", fontsize=10)
-        fig.tight_layout()
         path = out_dir / f"nicv_{ds}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        bh.save_figure(fig, path)
         paths.append(path)
     return paths
 
@@ -421,18 +417,12 @@ def main(argv=None):
             meta = json.loads(meta_path.read_text())
             argv = meta["command"].split()[2:]  # report the command that produced the runs
             t0 -= meta.get("wall_seconds", 0.0)
-    elif args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as ex:
-            for i, part in enumerate(ex.map(run_cell, tasks), 1):
+    else:
+        with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else contextlib.nullcontext() as ex:
+            for i, part in enumerate((ex.map if ex else map)(run_cell, tasks), 1):
                 rows.extend(part)
                 print(f"  [{i}/{len(tasks)}] {part[0]['dataset']} eps={part[0]['epsilon']:g}: {len(part)} runs "
                       f"({time.perf_counter() - t0:.0f}s)", flush=True)
-    else:
-        for i, task in enumerate(tasks, 1):
-            part = run_cell(task)
-            rows.extend(part)
-            print(f"  [{i}/{len(tasks)}] {part[0]['dataset']} eps={part[0]['epsilon']:g}: {len(part)} runs "
-                  f"({time.perf_counter() - t0:.0f}s)", flush=True)
     wall = time.perf_counter() - t0
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
 

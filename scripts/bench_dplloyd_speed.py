@@ -15,7 +15,7 @@ inside the public box [-10, 10]^d) is written as a Delta table, then:
     (fit(T) - fit(2)) / (T - 2), which removes the initialisation and set-up.
 (c) The alternative implementation of the dplloyd pass: pure Spark SQL expressions (nearest
     centroid by argmin over k distance expressions, groupBy sum of fixed-point longs) versus
-    the ``mapInPandas`` pass of ``dpspark.dplloyd.passes``, both on the same cached
+    the ``mapInPandas`` pass of ``dpspark.steps.lloyd_pass``, both on the same cached
     unit-space DataFrame and the same centroids; the exact aggregates are compared.
 
     .venv/bin/python scripts/bench_dplloyd_speed.py --quick      # smoke run: n = 10^4, 3 iterations, no warm-up
@@ -35,15 +35,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
 import bench_harness as bh  # noqa: E402
 from dpspark import tables  # noqa: E402
 from dpspark.dplloyd import core  # noqa: E402
 from dpspark.dplloyd.estimator import DPLloyd  # noqa: E402
-from dpspark.dplloyd.passes import spark_aggregate  # noqa: E402
-from dpspark.privacy.domain import Domain  # noqa: E402
+from dpspark.steps.lloyd_pass import spark_aggregate  # noqa: E402
 from dpspark.privacy.fixedpoint import SCALE  # noqa: E402
 
 BOX = 10.0
@@ -139,7 +137,7 @@ def run(spark, args, argv):
         features, secs = bh.timed(lambda: make_table(spark, table, n, d, k, args.partitions, args.seed))
         print(f"  written in {secs:.1f}s", flush=True)
         df = spark.read.format("delta").load(table)
-        domain = Domain(dim=d, lower=(-BOX,) * d, upper=(BOX,) * d)  # public box
+        domain = bc.domain([-BOX] * d, [BOX] * d)  # public box
 
         # ---- (a) dplloyd through the estimator, (b) Spark MLlib KMeans: alternated, `repeats` times --
         from pyspark.ml.clustering import KMeans

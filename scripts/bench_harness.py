@@ -13,7 +13,7 @@ median / IQR); this module holds HOW the scripts run and report:
   ``mllib_command()`` (``scripts/mllib_job.py``), ``parse_steps()`` / ``step_durations()`` /
   ``process_phases()`` (where a child's seconds went, from its step lines), ``read_operational()``;
 - results tables: ``command_line()``, ``write_csv()`` / ``append_csv()`` / ``read_csv()``,
-  ``markdown_table()``, ``fnum()`` / ``fmt()``, ``pyplot()``, ``stable_seed()``.
+  ``markdown_table()``, ``fnum()`` / ``fmt()``, ``pyplot()``, ``save_figure()``, ``stable_seed()``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the scripts import dpspark from this tree
 MLLIB_JOB = Path(__file__).resolve().parent / "mllib_job.py"
 MASTER = "local[2]"
 SPARK_CONF = {"spark.sql.shuffle.partitions": "4"}
@@ -45,10 +46,10 @@ SPARK_CONF = {"spark.sql.shuffle.partitions": "4"}
 
 
 @contextlib.contextmanager
-def session(app_name: str, master: str = MASTER, conf: dict | None = None, **kw):
+def session(app_name: str, master: str = MASTER, conf: dict | None = None, testing: bool = True, **kw):
     """A local SparkSession for one benchmark (``dpspark.session.build_session``, ``conf`` default
-    SPARK_CONF), stopped at the end. A session already active in this process (a test's, or an
-    earlier script's in the same process) is used as it is and left running."""
+    SPARK_CONF, ``testing``: no web UI), stopped at the end. A session already active in this process
+    (a test's, or an earlier script's in the same process) is used as it is and left running."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -57,7 +58,7 @@ def session(app_name: str, master: str = MASTER, conf: dict | None = None, **kw)
         return
     from dpspark.session import build_session
 
-    spark = build_session(master=master, app_name=app_name, testing=True,
+    spark = build_session(master=master, app_name=app_name, testing=testing,
                           conf=SPARK_CONF if conf is None else conf, **kw)
     try:
         yield spark
@@ -491,6 +492,13 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path) -> None:
+    """``fig`` written as a PNG file (tight layout, 110 dpi), then closed."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
 
 
 def stable_seed(*parts) -> int:

@@ -50,7 +50,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
 import bench_harness as bh  # noqa: E402
@@ -73,8 +72,6 @@ FULL_PLAN = {
 QUICK_PLAN = {"synthetic": [2_000, 5_000], "skin_segmentation": [5_000]}
 CSV_COLUMNS = ["dataset", "n", "d", "k", "resampled", "method", "epsilon", "run", "cost_ratio", "additive_error",
                "baseline_cost", "seconds", "epsilon_spent", "delta_spent"]
-
-log = logging.getLogger("bench_ldp")
 
 
 def synthetic(n: int, seed: int) -> np.ndarray:
@@ -263,9 +260,7 @@ def summarize(rows: list[dict], out: Path, meta: dict) -> None:
             ax.set_xlabel("n (users)")
             ax.set_ylabel(ylabel, fontsize=8)
             ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
+        bh.save_figure(fig, out / fname)
     print("\n".join(lines))
 
 

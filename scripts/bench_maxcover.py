@@ -70,7 +70,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
 import bench_harness as bh  # noqa: E402
@@ -271,13 +270,11 @@ def write_candidate_table(spark, path: str, domain, features, count: int):
 def prepare_datasets(spark, names, args, workdir: Path, out_dir: Path) -> list[dict]:
     import pandas as pd
 
-    from dpspark.privacy.domain import Domain
-
     out = []
     for name in names:
         x, k, full = load_dataset(name, args.max_rows, args.seed)
         lo, hi = bc.public_bounds(x)  # PUBLIC for the benchmark (see PUBLIC_BOUNDS_NOTE)
-        domain = Domain(dim=x.shape[1], lower=tuple(float(v) for v in lo), upper=tuple(float(v) for v in hi))
+        domain = bc.domain(lo, hi)
         features = tuple(f"x{j}" for j in range(x.shape[1]))
         unit = domain.clip_to_unit(x)
         key = f"{name}/n={len(x)}/full={full}/seed={args.seed if full else '-'}"
@@ -494,9 +491,7 @@ def plots(by, ds_order, m_order, e_order, meta, out_dir: Path):
         ax.set_ylabel("cost ratio to non-private (same objective)")
         ax.set_title(f"{ds} (n={n}{' subsample' if full else ''}, d={d}, k={k}): median, IQR bars")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / f"{ds}.png", dpi=110)
-        plt.close(fig)
+        bh.save_figure(fig, out_dir / f"{ds}.png")
         log.info("wrote %s", out_dir / f"{ds}.png")
 
 
@@ -532,10 +527,9 @@ def speed_runs(spark, jvm, args, workdir: Path) -> list[dict]:
     from pyspark.ml.feature import VectorAssembler
 
     from dpspark.maxcover.estimator import MaxCover
-    from dpspark.privacy.domain import Domain
 
     k, eps, box = 15, 1.0, 100.0
-    domain = Domain(dim=2, lower=(0.0, 0.0), upper=(box, box))  # the public box
+    domain = bc.domain([0.0, 0.0], [box, box])  # the public box
     features = ("x0", "x1")
     results = []
     configs = [(obj, mode) for obj in ("kmeans", "kmedian") for mode in ("grid", "private")]

@@ -49,7 +49,6 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
 import bench_harness as bh  # noqa: E402
@@ -216,8 +215,6 @@ def command(case: str, family: str | None, rep: int, jobdir: Path, built: dict, 
 
 
 def measure(case: str, family: str | None, rep: int, built: dict, args, workdir: Path) -> dict:
-    from dpspark.runner import read_operator_record
-
     jobdir = workdir / f"{rep:02d}-{case.replace(' ', '_')}"
     jobdir.mkdir(parents=True)
     operator = jobdir / "operator"
@@ -226,11 +223,8 @@ def measure(case: str, family: str | None, rep: int, built: dict, args, workdir:
     row = {"case": case, "rep": rep, "wall_s": round(proc["wall"], 2), "exit_code": proc["exit_code"], "steps": {}}
     outcome = bh.last_json_line(proc["stdout"])
     if outcome.get("run_id"):
-        try:
-            record = read_operator_record(None, outcome["run_id"], outcome.get("attempt") or 1, base=str(operator))
-            row["steps"] = {k: round(float(v), 3) for k, v in (record.get("timings") or {}).items()}
-        except (OSError, ValueError):
-            pass
+        timings = bh.read_operational(None, str(operator), outcome["run_id"], outcome.get("attempt") or 1).get("timings")
+        row["steps"] = {k: round(float(v), 3) for k, v in (timings or {}).items()}
         row["status"] = outcome.get("status")
     if case == "MLlib":
         steps = bh.parse_steps(proc["stderr"], "fit")

@@ -89,7 +89,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
 import bench_harness as bh  # noqa: E402
@@ -133,6 +132,8 @@ STEP_COLUMNS = [("Spark session", ["start Spark session"]),
                 ("write outputs", ["write centers table", "write report.png", "write runs table and summary.json"]),
                 ("stop", ["stop Spark session"])]
 KNOWN_STEPS = {name for _, names in STEP_COLUMNS for name in names}
+# A row's columns from maxcover's operational metadata (maxcover_extras) and auto's route, blank where unknown.
+EXTRAS = ("passes_limit", "fallback_thresholds", "max_histogram", "histogram_jobs", "route")
 
 log = logging.getLogger("bench_scale")
 
@@ -273,8 +274,7 @@ def run_job(job: str, spark, df, domain, features, seed_base: int, tiny: bool = 
 
 def measure_fit(job: str, spark, jvm, df, domain, features, n: int, args) -> tuple[dict, np.ndarray | None, bh.PeakMemory]:
     """One job of the fit mode, timed, its peak memory measured: (row, released centers or None, memory)."""
-    row = {"n": n, "d": domain.dim, "job": job, "error": "", "cost_ratio_vs_true_means": "", "passes_limit": "",
-           "fallback_thresholds": "", "max_histogram": "", "histogram_jobs": "", "route": ""}
+    row = {"n": n, "d": domain.dim, "job": job, "error": "", "cost_ratio_vs_true_means": "", **dict.fromkeys(EXTRAS, "")}
     timer = None
     if args.job_timeout:
         timer = threading.Timer(args.job_timeout, spark.sparkContext.cancelAllJobs)
@@ -297,9 +297,7 @@ def measure_fit(job: str, spark, jvm, df, domain, features, n: int, args) -> tup
     out = out or {"centers": None, "passes": "", "source": "", "epsilon_spent": float("nan")}
     row.update(wall_s=wall, spark_passes=out["passes"], passes_source=out["source"],
                py_peak_mb=mem.py_peak_mb, jvm_peak_mb=mem.jvm_peak_mb, us_per_point=wall / n * 1e6,
-               epsilon_spent=out["epsilon_spent"],
-               **{k: out[k] for k in ("passes_limit", "fallback_thresholds", "max_histogram",
-                                      "histogram_jobs", "route") if k in out})
+               epsilon_spent=out["epsilon_spent"], **{k: out[k] for k in EXTRAS if k in out})
     return row, out["centers"], mem
 
 
@@ -370,8 +368,7 @@ def whole_job(spark, job: str, seq: int, n: int, d: int, table: str, workdir: Pa
     row = {"n": n, "d": d, "job": job, "seq": seq, "error": "", "cost_ratio_vs_true_means": "", "steps": "",
            "fit_s": float("nan"), "outside_fit_s": float("nan"), "mllib_whole_s": float("nan"),
            "ratio_whole": float("nan"), "mllib_fit_s": float("nan"), "ratio_fit": float("nan"),
-           "epsilon_spent": float("nan"), "spark_passes": "", "passes_source": "", "passes_limit": "",
-           "fallback_thresholds": "", "max_histogram": "", "histogram_jobs": "", "route": ""}
+           "epsilon_spent": float("nan"), "spark_passes": "", "passes_source": "", **dict.fromkeys(EXTRAS, "")}
     if job == "mllib":
         cmd = bh.mllib_command(table, str(outdir), K, max_iter=3 if args.quick else 20, tol=args.mllib_tol,
                                seed=args.seed, fmt=args.mllib_format)
@@ -456,7 +453,7 @@ def warm_up_whole(spark, args, workdir: Path) -> None:
 def _read_rows(path: Path) -> list[dict]:
     rows = bh.read_csv(path, ints=("n", "d", "seq"), floats=NUMERIC)
     for r in rows:
-        for key in ("error", "passes_limit", "fallback_thresholds", "max_histogram", "histogram_jobs", "route", "steps"):
+        for key in ("error", *EXTRAS, "steps"):
             r[key] = r.get(key) or ""
     return rows
 
@@ -500,6 +497,16 @@ def fit_slope(ns, ts) -> float:
     return float(np.polyfit(np.log10(ns[ok]), np.log10(ts[ok]), 1)[0])
 
 
+def _series(results, d: int, job: str, key: str) -> tuple[list, list]:
+    """(n values, the median of ``key`` at each) of one job at dimension d, over the rows without an error."""
+    by_n: dict[int, list[float]] = {}
+    for r in results:
+        if r["d"] == d and r["job"] == job and not r["error"]:
+            by_n.setdefault(r["n"], []).append(float(r[key]))
+    ns = sorted(by_n)
+    return ns, [float(np.median(by_n[n])) for n in ns]
+
+
 def _plot(results, key: str, ylabel: str, path: Path) -> dict:
     plt = bh.pyplot()
     ds = sorted({r["d"] for r in results})
@@ -507,14 +514,9 @@ def _plot(results, key: str, ylabel: str, path: Path) -> dict:
     slopes = {}
     for ax, d in zip(axes[0], ds):
         for job in [j for j in JOBS if any(r["job"] == j for r in results)]:
-            by_n: dict[int, list[float]] = {}
-            for r in results:
-                if r["d"] == d and r["job"] == job and not r["error"]:
-                    by_n.setdefault(r["n"], []).append(float(r[key]))
-            if not by_n:
+            ns, ts = _series(results, d, job, key)
+            if not ns:
                 continue
-            ns = sorted(by_n)
-            ts = [float(np.median(by_n[n])) for n in ns]
             s = fit_slope(ns, ts)
             slopes[(d, job)] = s
             ax.plot(ns, ts, marker="o", label=f"{job} (slope {s:.2f})" if np.isfinite(s) else job)
@@ -525,9 +527,7 @@ def _plot(results, key: str, ylabel: str, path: Path) -> dict:
         ax.set_title(f"d = {d}, k = {K}, {MASTER}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bh.save_figure(fig, path)
     return slopes
 
 
@@ -549,54 +549,53 @@ def _passes_cell(r) -> str:
     return f"{p} / {limit}" + (" OVER" if over else "")
 
 
+def _job_cell(r, width: int) -> str:
+    return r["job"] + (f" ({r['route']})" if r.get("route") else "") + (f" (FAILED: {r['error'][:width]})" if r["error"] else "")
+
+
+def _histogram_cell(r):
+    return r.get("max_histogram") if r.get("max_histogram") not in ("", None) else "-"
+
+
+def _head(title: str, args, elapsed: float, m: dict, machine: str, description: str) -> list[str]:
+    """A report's title, commands, machine and description paragraphs (and --note)."""
+    commands = "; then ".join(f"`{c}`" for c in getattr(args, "commands", [args.command]))
+    return [title, "", f"Command: {commands}; total {elapsed:.0f} s (last command). Machine: {m['nproc']} CPUs "
+            f"({m['cpu']}), " + machine, "", description, *(["", args.note] if args.note else []), ""]
+
+
 def write_outputs(results, args, out_dir: Path, py_lifetime_mb: float, jvm_pid, elapsed: float):
     out_dir.mkdir(parents=True, exist_ok=True)
     bh.write_csv(out_dir / "scale.csv", results, CSV_COLUMNS)
     slopes = _plot(results, "wall_s", "wall time of fit (s)", out_dir / "time_vs_n.png")
 
     m = bh.machine_description()
-    md = ["# Scaling benchmark: dpspark families vs Spark MLlib KMeans", ""]
-    commands = "; then ".join(f"`{c}`" for c in getattr(args, "commands", [args.command]))
-    md.append(f"Command: {commands}; total {elapsed:.0f} s (last command). Machine: {m['nproc']} CPUs ({m['cpu']}), "
-              f"{m['memory_gb']} GB, Spark master `{MASTER}`, driver memory {getattr(args, 'driver_memory', '?')}, "
-              f"conf {SPARK_CONF}, one SparkSession per command. Load average {os.getloadavg()[0]:.1f} at the end "
-              f"(one repetition per cell).")
-    md.append("")
-    md.append(f"Data: Gaussian mixture of {K} components (means uniform in [-{0.6 * BOX:g}, {0.6 * BOX:g}]^d, sigma {SIGMA}), "
+    md = _head("# Scaling benchmark: dpspark families vs Spark MLlib KMeans", args, elapsed, m,
+               f"{m['memory_gb']} GB, Spark master `{MASTER}`, driver memory {getattr(args, 'driver_memory', '?')}, "
+               f"conf {SPARK_CONF}, one SparkSession per command. Load average {os.getloadavg()[0]:.1f} at the end "
+               f"(one repetition per cell).",
+               f"Data: Gaussian mixture of {K} components (means uniform in [-{0.6 * BOX:g}, {0.6 * BOX:g}]^d, sigma {SIGMA}), "
               f"public box [-{BOX:g}, {BOX:g}]^d, a Delta table of {args.partitions} files per (n, d). epsilon = {EPS:g} "
               f"(maxcover and auto delta = {DELTA:g}). Wall time = the whole fit from the Delta table (MLlib: assemble + cache + fit, "
               f"tol {args.mllib_tol:g}). "
               f"Memory: peak RSS from the OS (Python driver VmHWM, JVM VmHWM; both reset per job via clear_refs). "
               f"Python driver lifetime ru_maxrss: {py_lifetime_mb:.0f} MB. JVM pid found: {jvm_pid is not None}.")
-    if args.note:
-        md.append("")
-        md.append(args.note)
-    md.append("")
     header = ["n", "d", "job", "wall (s)", "Spark passes (/ limit)", "fallback thresholds", "largest histogram",
               "us / point", "Python peak (MB)", "JVM peak (MB)", "cost / cost(true means)"]
-    rows = []
-    for r in results:
-        job = r["job"] + (f" ({r['route']})" if r.get("route") else "")
-        rows.append([f"{r['n']:.0e}", r["d"], job + (f" (FAILED: {r['error'][:60]})" if r["error"] else ""),
-                     f"{r['wall_s']:.1f}", _passes_cell(r), _fallback_cell(r),
-                     r.get("max_histogram") if r.get("max_histogram") not in ("", None) else "-",
-                     f"{r['us_per_point']:.2f}", f"{r['py_peak_mb']:.0f}", f"{r['jvm_peak_mb']:.0f}",
-                     "-" if r["cost_ratio_vs_true_means"] in ("", None) else f"{float(r['cost_ratio_vs_true_means']):.3g}"])
-    md.append(bh.markdown_table(header, rows, ["r", "r", "l", "r", "r", "l", "r", "r", "r", "r", "r"]))
-    md.append("")
-    md.append("Fitted slope of log10(wall time) against log10(n) (1 = linear; below 1 = fixed overheads dominate):")
-    md.append("")
-    md.append(bh.markdown_table(["d", "job", "slope"], [[d, j, f"{s:.2f}"] for (d, j), s in sorted(slopes.items())],
-                                ["r", "l", "r"]))
-    md.append("")
-    md.append("![time vs n](time_vs_n.png)")
-    md.append("")
-    md.append("Spark passes: maxcover (and auto) from the fit's `operational` dict (NON-PRIVATE); the limit r + 1 "
+    rows = [[f"{r['n']:.0e}", r["d"], _job_cell(r, 60), f"{r['wall_s']:.1f}", _passes_cell(r), _fallback_cell(r),
+             _histogram_cell(r), f"{r['us_per_point']:.2f}", f"{r['py_peak_mb']:.0f}", f"{r['jvm_peak_mb']:.0f}",
+             "-" if r["cost_ratio_vs_true_means"] in ("", None) else f"{float(r['cost_ratio_vs_true_means']):.3g}"]
+            for r in results]
+    md += [bh.markdown_table(header, rows, ["r", "r", "l", "r", "r", "l", "r", "r", "r", "r", "r"]), "",
+           "Fitted slope of log10(wall time) against log10(n) (1 = linear; below 1 = fixed overheads dominate):", "",
+           bh.markdown_table(["d", "job", "slope"], [[d, j, f"{s:.2f}"] for (d, j), s in sorted(slopes.items())],
+                             ["r", "l", "r"]), "", "![time vs n](time_vs_n.png)", "",
+           "Spark passes: maxcover (and auto) from the fit's `operational` dict (NON-PRIVATE); the limit r + 1 "
               "(+ 1 with private candidates), r = its thresholds (each read by at most one pass), `OVER` when per-pick "
               "fallback passes exceed it; dplloyd and ldp from their code paths "
               "(one aggregation pass per Lloyd iteration; one pass per LDP round); MLlib approximate (`~`, see the "
               "script's docstring). cost / cost(true means): k-means cost on a sample of up to 2e5 rows in the unit "
-              "space of the public box, relative to the mixture's true means (utility sanity check, not timed).")
+           "space of the public box, relative to the mixture's true means (utility sanity check, not timed)."]
     (out_dir / "results.md").write_text("\n".join(md) + "\n")
     (out_dir / "meta.json").write_text(json.dumps({"command": args.command, "commands": getattr(args, "commands", [args.command]),
                                                    "machine": m, "elapsed_s": elapsed,
@@ -622,27 +621,16 @@ def write_whole_outputs(results, args, out_dir: Path, elapsed: float) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     bh.write_csv(out_dir / "whole.csv", results, WHOLE_COLUMNS)
     slopes = _plot(results, "wall_whole_s", "wall time of the whole process (s)", out_dir / "whole_time_vs_n.png")
-    fit_rows = [dict(r, fit_s=r["fit_s"]) for r in results if np.isfinite(float(r.get("fit_s", float("nan"))))]
-    fit_slopes = {}
-    for d in sorted({r["d"] for r in fit_rows}):
-        for job in JOBS:
-            by_n: dict[int, list[float]] = {}
-            for r in fit_rows:
-                if r["d"] == d and r["job"] == job and not r["error"]:
-                    by_n.setdefault(r["n"], []).append(float(r["fit_s"]))
-            if len(by_n) >= 2:
-                ns = sorted(by_n)
-                fit_slopes[(d, job)] = fit_slope(ns, [float(np.median(by_n[n])) for n in ns])
+    fit_rows = [r for r in results if np.isfinite(float(r.get("fit_s", float("nan"))))]
+    fit_slopes = {(d, job): fit_slope(*series) for d in sorted({r["d"] for r in fit_rows}) for job in JOBS
+                  if len((series := _series(fit_rows, d, job, "fit_s"))[0]) >= 2}
 
     m = bh.machine_description()
-    md = ["# Whole processes: `dpspark run` of each family vs a plain PySpark MLlib KMeans job", ""]
-    commands = "; then ".join(f"`{c}`" for c in getattr(args, "commands", [args.command]))
-    md.append(f"Command: {commands}; total {elapsed:.0f} s (last command). Machine: {m['nproc']} CPUs ({m['cpu']}), "
-              f"{m['memory_gb']} GB. Every job a fresh process and JVM: Spark master `{MASTER}`, driver memory "
-              f"{os.environ.get('DPSPARK_DRIVER_MEMORY', '4g')} ($DPSPARK_DRIVER_MEMORY), conf {SPARK_CONF}. "
-              f"Load average {os.getloadavg()[0]:.1f} at the end.")
-    md.append("")
-    md.append(f"Per (n, d) the processes alternate: each family's `dpspark run --config <yaml> --json` (no ledger; centers/, "
+    md = _head("# Whole processes: `dpspark run` of each family vs a plain PySpark MLlib KMeans job", args, elapsed, m,
+               f"{m['memory_gb']} GB. Every job a fresh process and JVM: Spark master `{MASTER}`, driver memory "
+               f"{os.environ.get('DPSPARK_DRIVER_MEMORY', '4g')} ($DPSPARK_DRIVER_MEMORY), conf {SPARK_CONF}. "
+               f"Load average {os.getloadavg()[0]:.1f} at the end.",
+               f"Per (n, d) the processes alternate: each family's `dpspark run --config <yaml> --json` (no ledger; centers/, "
               f"runs/, report.png, summary.json written to a temporary directory), then `scripts/mllib_job.py` "
               f"(read the Delta table, VectorAssembler, KMeans(k={K}, maxIter={3 if args.quick else 20}, tol={args.mllib_tol:g}), "
               f"centers written as a {args.mllib_format} table); {args.reps} round(s). Data as in results.md "
@@ -652,49 +640,35 @@ def write_whole_outputs(results, args, out_dir: Path, elapsed: float) -> None:
               f"step (interpreter, imports, config), `end` = the last step done to the exit, both timed on the arrival "
               f"of the child's log lines, `between steps` = the rest. Peaks: VmHWM of the child's Python process "
               f"and of its JVM, and the summed RSS of the whole process tree, sampled every 0.5 s.")
-    if args.note:
-        md.append("")
-        md.append(args.note)
-    md.append("")
     header = ["n", "d", "job", "whole (s)", "fit (s)", "MLlib whole (s)", "whole / MLlib whole", "fit / MLlib fit",
               "Spark passes (/ limit)", "fallback thresholds", "largest histogram", "Python peak (MB)",
               "JVM peak (MB)", "tree peak (MB)", "cost / cost(true means)"]
     rows = []
     for r in results:
-        job = r["job"] + (f" ({r['route']})" if r.get("route") else "")
         ratio = _f(r.get("ratio_whole"), "{:.2f}x")
         if r["job"] != "mllib" and np.isfinite(float(r.get("ratio_whole", float("nan")))):
             ratio += "" if float(r["ratio_whole"]) <= 1.0 else " (over 1.0)"
-        rows.append([f"{r['n']:.0e}", r["d"], job + (f" (FAILED: {r['error'][:80]})" if r["error"] else ""),
-                     _f(r["wall_whole_s"]), _f(r.get("fit_s")),
-                     _f(r.get("mllib_whole_s")) if r["job"] != "mllib" else "",
-                     ratio if r["job"] != "mllib" else "", _f(r.get("ratio_fit"), "{:.2f}x") if r["job"] != "mllib" else "",
-                     _passes_cell(r), _fallback_cell(r),
-                     r.get("max_histogram") if r.get("max_histogram") not in ("", None) else "-",
-                     _f(r.get("py_peak_mb"), "{:.0f}"), _f(r.get("jvm_peak_mb"), "{:.0f}"), _f(r.get("tree_peak_mb"), "{:.0f}"),
-                     "-" if r["cost_ratio_vs_true_means"] in ("", None) else _f(r["cost_ratio_vs_true_means"], "{:.3g}")])
-    md.append(bh.markdown_table(header, rows, ["r", "r", "l"] + ["r"] * 6 + ["l"] + ["r"] * 5))
-    md.append("")
-    md.append("Where the seconds go (s), per process:")
-    md.append("")
+        family = r["job"] != "mllib"
+        rows.append([f"{r['n']:.0e}", r["d"], _job_cell(r, 80), _f(r["wall_whole_s"]), _f(r.get("fit_s")),
+                     _f(r.get("mllib_whole_s")) if family else "", ratio if family else "",
+                     _f(r.get("ratio_fit"), "{:.2f}x") if family else "", _passes_cell(r), _fallback_cell(r),
+                     _histogram_cell(r), _f(r.get("py_peak_mb"), "{:.0f}"), _f(r.get("jvm_peak_mb"), "{:.0f}"),
+                     _f(r.get("tree_peak_mb"), "{:.0f}"), _f(r["cost_ratio_vs_true_means"], "{:.3g}")])
+    md += [bh.markdown_table(header, rows, ["r", "r", "l"] + ["r"] * 6 + ["l"] + ["r"] * 5), "",
+           "Where the seconds go (s), per process:", ""]
     step_header = (["n", "d", "job", "whole", "start (to 1st step)"] + [name for name, _ in STEP_COLUMNS]
                    + ["other steps", "end (after last step)", "between steps"])
     step_rows = [[f"{r['n']:.0e}", r["d"], r["job"], _f(r["wall_whole_s"]), *_step_cells(r.get("steps", ""))]
                  for r in results]
-    md.append(bh.markdown_table(step_header, step_rows, ["r", "r", "l"] + ["r"] * (len(step_header) - 3)))
-    md.append("")
-    md.append("Fitted slope of log10(time) against log10(n), whole process and fit alone (target: at most 1.0):")
-    md.append("")
     keys = sorted(set(slopes) | set(fit_slopes))
-    md.append(bh.markdown_table(["d", "job", "slope (whole)", "slope (fit)"],
-                                [[d, j, _f(slopes.get((d, j)), "{:.2f}"), _f(fit_slopes.get((d, j)), "{:.2f}")] for d, j in keys],
-                                ["r", "l", "r", "r"]))
-    md.append("")
-    md.append("![whole process time vs n](whole_time_vs_n.png)")
-    md.append("")
-    md.append("Spark passes: dpspark's from the run's operator record ($DPSPARK_OPERATOR_LOG, NON-PRIVATE), the limit "
+    md += [bh.markdown_table(step_header, step_rows, ["r", "r", "l"] + ["r"] * (len(step_header) - 3)), "",
+           "Fitted slope of log10(time) against log10(n), whole process and fit alone (target: at most 1.0):", "",
+           bh.markdown_table(["d", "job", "slope (whole)", "slope (fit)"],
+                             [[d, j, _f(slopes.get((d, j)), "{:.2f}"), _f(fit_slopes.get((d, j)), "{:.2f}")] for d, j in keys],
+                             ["r", "l", "r", "r"]), "", "![whole process time vs n](whole_time_vs_n.png)", "",
+           "Spark passes: dpspark's from the run's operator record ($DPSPARK_OPERATOR_LOG, NON-PRIVATE), the limit "
               "r + 1 (+ 1 with private candidates, + 1 more hash-first from d = 4) for maxcover and auto's maxcover route; MLlib approximate (`~`). "
-              "cost / cost(true means) as in results.md (not timed).")
+           "cost / cost(true means) as in results.md (not timed)."]
     (out_dir / "whole.md").write_text("\n".join(md) + "\n")
     (out_dir / "whole_meta.json").write_text(json.dumps({
         "commands": getattr(args, "commands", [args.command]), "machine": m, "elapsed_s": elapsed,
@@ -780,9 +754,20 @@ def main(argv=None) -> int:
     return whole_main(args) if args.whole else fit_main(args)
 
 
-def fit_main(args) -> int:
-    from dpspark.privacy.domain import Domain
+def _cells(spark, args, workdir: Path):
+    """Each (n, d) of the grid: (n, d, public domain, path, means) of the mixture written as a Delta table,
+    removed when the caller asks for the next."""
+    for d in args.d:
+        domain = bc.domain([-BOX] * d, [BOX] * d)
+        for n in args.n:
+            path = str(workdir / f"points_{n}_{d}")
+            means, seconds = bh.timed(lambda: make_table(spark, path, n, d, args.seed, args.partitions))
+            print(f"bench_scale: wrote n={n:.0e} d={d} in {seconds:.1f} s", flush=True)
+            yield n, d, domain, path, means
+            shutil.rmtree(path, ignore_errors=True)
 
+
+def fit_main(args) -> int:
     t_start = time.perf_counter()
     previous, args.commands = _previous(args, "scale.csv", "meta.json")
     workdir = Path(tempfile.mkdtemp(prefix="dpspark_bench_scale_"))
@@ -796,37 +781,30 @@ def fit_main(args) -> int:
                 wpath = str(workdir / "warm")
                 make_table(spark, wpath, 5000, 2, args.seed + 99, 2)
                 wdf = spark.read.format("delta").load(wpath)
-                wdom = Domain(dim=2, lower=(-BOX, -BOX), upper=(BOX, BOX))
+                wdom = bc.domain([-BOX] * 2, [BOX] * 2)
                 for job in args.jobs:
                     try:
                         run_job(job, spark, wdf, wdom, ("x0", "x1"), 1, mllib_tol=args.mllib_tol)
                     except Exception as exc:  # the measured run reports it
                         log.warning("warm-up %s failed: %r", job, exc)
-            for d in args.d:
-                domain = Domain(dim=d, lower=(-BOX,) * d, upper=(BOX,) * d)
+            for n, d, domain, path, means in _cells(spark, args, workdir):
                 features = tuple(f"x{j}" for j in range(d))
-                for n in args.n:
-                    path = str(workdir / f"points_{n}_{d}")
-                    t0 = time.perf_counter()
-                    means = make_table(spark, path, n, d, args.seed, args.partitions)
-                    print(f"bench_scale: wrote n={n:.0e} d={d} in {time.perf_counter() - t0:.1f} s", flush=True)
-                    df = spark.read.format("delta").load(path)
-                    sample = None
-                    for job in args.jobs:
-                        row, centers, mem = measure_fit(job, spark, jvm, df, domain, features, n, args)
-                        if centers is not None and not (args.no_utility or args.quick):
-                            if sample is None:
-                                sample = utility_sample(df, domain, n)
-                                base = bc.kmeans_cost(sample, domain.clip_to_unit(means))
-                            row["cost_ratio_vs_true_means"] = bc.kmeans_cost(sample, domain.clip_to_unit(centers)) / base
-                        results.append(row)
-                        print(f"  {_progress_head(row)}: {row['wall_s']:.1f} s, "
-                              f"passes {_progress_passes(row)}, py {mem.py_peak_mb:.0f} MB, "
-                              f"jvm {mem.jvm_peak_mb:.0f} MB {row['error']}", flush=True)
-                    shutil.rmtree(path, ignore_errors=True)
-                    # Partial report after every (n, d): a cut-short run still leaves its tables.
-                    write_outputs(_merge(previous, results), args, args.out,
-                                  bh.lifetime_peak_mb(), jvm, time.perf_counter() - t_start)
+                df = spark.read.format("delta").load(path)
+                sample = None
+                for job in args.jobs:
+                    row, centers, mem = measure_fit(job, spark, jvm, df, domain, features, n, args)
+                    if centers is not None and not (args.no_utility or args.quick):
+                        if sample is None:
+                            sample = utility_sample(df, domain, n)
+                            base = bc.kmeans_cost(sample, domain.clip_to_unit(means))
+                        row["cost_ratio_vs_true_means"] = bc.kmeans_cost(sample, domain.clip_to_unit(centers)) / base
+                    results.append(row)
+                    print(f"  {_progress_head(row)}: {row['wall_s']:.1f} s, "
+                          f"passes {_progress_passes(row)}, py {mem.py_peak_mb:.0f} MB, "
+                          f"jvm {mem.jvm_peak_mb:.0f} MB {row['error']}", flush=True)
+                # Partial report after every (n, d): a cut-short run still leaves its tables.
+                write_outputs(_merge(previous, results), args, args.out,
+                              bh.lifetime_peak_mb(), jvm, time.perf_counter() - t_start)
         finally:
             py_lifetime_mb = bh.lifetime_peak_mb()
             shutil.rmtree(workdir, ignore_errors=True)
@@ -837,8 +815,6 @@ def fit_main(args) -> int:
 
 
 def whole_main(args) -> int:
-    from dpspark.privacy.domain import Domain
-
     t_start = time.perf_counter()
     previous, args.commands = _previous(args, "whole.csv", "whole_meta.json")
     workdir = Path(tempfile.mkdtemp(prefix="dpspark_bench_scale_whole_"))
@@ -848,35 +824,28 @@ def whole_main(args) -> int:
         try:
             if not args.quick:
                 warm_up_whole(spark, args, workdir)
-            for d in args.d:
-                domain = Domain(dim=d, lower=(-BOX,) * d, upper=(BOX,) * d)
-                for n in args.n:
-                    path = str(workdir / f"points_{n}_{d}")
-                    t0 = time.perf_counter()
-                    means = make_table(spark, path, n, d, args.seed, args.partitions)
-                    print(f"bench_scale: wrote n={n:.0e} d={d} in {time.perf_counter() - t0:.1f} s", flush=True)
-                    sample = base = None
-                    if not (args.no_utility or args.quick):
-                        sample = utility_sample(spark.read.format("delta").load(path), domain, n)
-                        base = bc.kmeans_cost(sample, domain.clip_to_unit(means))
-                    cell = []
-                    for seq, job in enumerate(whole_sequence(args.jobs, args.reps)):
-                        row, centers = whole_job(spark, job, seq, n, d, path, workdir / f"cell_{n}_{d}", args)
-                        if centers is not None and sample is not None:
-                            row["cost_ratio_vs_true_means"] = bc.kmeans_cost(sample, domain.clip_to_unit(centers)) / base
-                        cell.append(row)
-                        print(f"  {_progress_head(row)}: whole "
-                              f"{row['wall_whole_s']:.1f} s, fit {_f(row['fit_s'])} s, passes {_progress_passes(row)}, "
-                              f"py {_f(row['py_peak_mb'], '{:.0f}')} MB, jvm {_f(row['jvm_peak_mb'], '{:.0f}')} MB, "
-                              f"tree {_f(row['tree_peak_mb'], '{:.0f}')} MB {row['error']}", flush=True)
-                    pair_with_mllib(cell)
-                    for r in cell:
-                        if r["job"] != "mllib" and np.isfinite(r["ratio_whole"]):
-                            print(f"  n={n:.0e} d={d} {r['job']}: {r['ratio_whole']:.2f}x MLlib's whole process "
-                                  f"({r['wall_whole_s']:.1f} s vs {r['mllib_whole_s']:.1f} s)", flush=True)
-                    results.extend(cell)
-                    shutil.rmtree(path, ignore_errors=True)
-                    write_whole_outputs(_merge_whole(previous, results, args.add_to_cells), args, args.out, time.perf_counter() - t_start)
+            for n, d, domain, path, means in _cells(spark, args, workdir):
+                sample = base = None
+                if not (args.no_utility or args.quick):
+                    sample = utility_sample(spark.read.format("delta").load(path), domain, n)
+                    base = bc.kmeans_cost(sample, domain.clip_to_unit(means))
+                cell = []
+                for seq, job in enumerate(whole_sequence(args.jobs, args.reps)):
+                    row, centers = whole_job(spark, job, seq, n, d, path, workdir / f"cell_{n}_{d}", args)
+                    if centers is not None and sample is not None:
+                        row["cost_ratio_vs_true_means"] = bc.kmeans_cost(sample, domain.clip_to_unit(centers)) / base
+                    cell.append(row)
+                    print(f"  {_progress_head(row)}: whole "
+                          f"{row['wall_whole_s']:.1f} s, fit {_f(row['fit_s'])} s, passes {_progress_passes(row)}, "
+                          f"py {_f(row['py_peak_mb'], '{:.0f}')} MB, jvm {_f(row['jvm_peak_mb'], '{:.0f}')} MB, "
+                          f"tree {_f(row['tree_peak_mb'], '{:.0f}')} MB {row['error']}", flush=True)
+                pair_with_mllib(cell)
+                for r in cell:
+                    if r["job"] != "mllib" and np.isfinite(r["ratio_whole"]):
+                        print(f"  n={n:.0e} d={d} {r['job']}: {r['ratio_whole']:.2f}x MLlib's whole process "
+                              f"({r['wall_whole_s']:.1f} s vs {r['mllib_whole_s']:.1f} s)", flush=True)
+                results.extend(cell)
+                write_whole_outputs(_merge_whole(previous, results, args.add_to_cells), args, args.out, time.perf_counter() - t_start)
         finally:
             if args.keep_outputs:
                 print(f"bench_scale: kept every process's config, logs and outputs under {workdir}", flush=True)

@@ -76,7 +76,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_common as bc  # noqa: E402
 import bench_harness as bh  # noqa: E402
@@ -109,14 +108,11 @@ PEERS = [PEER, GOOGLE]
 NONPRIVATE = "nonprivate"
 
 # Full run: every shared dataset, whole (--max-rows: uniform subsample without replacement, fixed seed).
-FULL_DATASETS = ["s1", "a3", "birch2", "unbalance", "skin_segmentation", "blood_transfusion", "tripadvisor_review",
-                 "electrical_grid_stability", "adult", "google_review_ratings", "credit_card_clients"]
+FULL_DATASETS = bc.SHARED_DATASETS
 QUICK_DATASETS = ["blood_transfusion"]
 
 CSV_COLUMNS = ["dataset", "n", "d", "k", "method", "epsilon", "runs", "cost_ratio_median", "cost_ratio_q25",
                "cost_ratio_q75", "nicv_median", "nicv_q25", "nicv_q75", "epsilon_spent", "delta_spent", "failures"]
-
-log = logging.getLogger("bench_utility")
 
 
 # ---------------------------------------------------------------------------
@@ -144,9 +140,7 @@ def load_dataset(name: str, max_rows: int | None, seed: int = 0, k: int | None =
 
 
 def domain_of(ds):
-    from dpspark.privacy.domain import Domain
-
-    return Domain(dim=ds["x"].shape[1], lower=tuple(float(v) for v in ds["lo"]), upper=tuple(float(v) for v in ds["hi"]))
+    return bc.domain(ds["lo"], ds["hi"])
 
 
 # ---------------------------------------------------------------------------
@@ -231,7 +225,7 @@ def fit_numpy(est, x_original: np.ndarray):
             finally:
                 cand_mod.passes.cell_aggregates = saved
         elif params.candidates == "tree":
-            from dpspark.auto import tree
+            from dpspark.steps import tree
 
             cand, _ = cand_mod.tree_candidates(tree.numpy_tree_aggregates(unit), est.domain, params.candidate_count,
                                                est.k, budget["candidates"][0], acc, rng)
@@ -295,22 +289,31 @@ def task_seed(*parts) -> int:
     return zlib.crc32("|".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
 
 
-def run_task(task) -> dict:
+def timed_run(task, fit) -> dict:
+    """The row of one run of ``task`` (dataset, method, epsilon, rep, seeded): ``fit(seed)`` returns (cost, epsilon
+    spent, delta spent, info JSON), timed; an exception is the run's error."""
     name, method, eps, rep, seeded = task
-    ds = _DATA[name]
     seed = task_seed(name, method, eps, rep) if seeded else None
     t0 = time.perf_counter()
     row = {"dataset": name, "method": method, "epsilon": eps, "rep": rep}
     try:
-        est = make_estimator(method, ds, eps, seed)
-        centers, eps_spent, delta_spent, info = fit_numpy(est, ds["x"])
-        cu = bc.scale_unit(centers, ds["lo"], ds["hi"])
-        cost = bc.kmeans_cost(ds["unit"], cu)
-        row.update(cost=cost, epsilon_spent=eps_spent, delta_spent=delta_spent, error="", info=json.dumps(info))
+        cost, eps_spent, delta_spent, info = fit(seed)
+        row.update(cost=cost, epsilon_spent=eps_spent, delta_spent=delta_spent, error="", info=info)
     except Exception as exc:  # recorded, not fatal: the table shows failures
         row.update(cost=float("nan"), epsilon_spent=float("nan"), delta_spent=float("nan"), error=repr(exc)[:300], info="")
     row["seconds"] = time.perf_counter() - t0
     return row
+
+
+def run_task(task) -> dict:
+    """--engine numpy: one run in a worker process."""
+    ds = _DATA[task[0]]
+
+    def fit(seed):
+        centers, eps_spent, delta_spent, info = fit_numpy(make_estimator(task[1], ds, task[2], seed), ds["x"])
+        return bc.kmeans_cost(ds["unit"], bc.scale_unit(centers, ds["lo"], ds["hi"])), eps_spent, delta_spent, json.dumps(info)
+
+    return timed_run(task, fit)
 
 
 class SparkEngine:
@@ -325,32 +328,23 @@ class SparkEngine:
             logging.disable(logging.WARNING)
             self.spark = self._session.enter_context(bh.session("dpspark-bench-utility"))
         frame = bh.cached_frame(self.spark, ds["x"], [f"f{j}" for j in range(ds["x"].shape[1])], 2)
-        rows = []
         try:
-            for name, method, eps, rep, seeded in tasks:
-                seed = task_seed(name, method, eps, rep) if seeded else None
-                t0 = time.perf_counter()
-                row = {"dataset": name, "method": method, "epsilon": eps, "rep": rep}
-                try:
-                    operational: dict = {}
-                    model = make_estimator(method, ds, eps, seed).fit(frame, operational=operational)
-                    cost = bc.kmeans_cost(ds["unit"], bc.scale_unit(model.centers, ds["lo"], ds["hi"]))
-                    info = {"spark_passes": operational.get("spark_passes")}
-                    if method == AUTO:  # the route auto chose (its model's parameters / info)
-                        params = model.parameters if isinstance(model.parameters, dict) else {}
-                        info["chosen"] = params.get("chosen") or ((model.info or {}).get("auto") or {}).get("route")
-                    if isinstance(model.info, dict) and model.info.get("candidate_choice"):  # grid_or_private's choice
-                        info["candidates"] = model.info["candidate_choice"].get("chosen")
-                    row.update(cost=cost, epsilon_spent=model.epsilon_spent, delta_spent=model.delta_spent, error="",
-                               info=json.dumps(info, default=str))
-                except Exception as exc:
-                    row.update(cost=float("nan"), epsilon_spent=float("nan"), delta_spent=float("nan"),
-                               error=repr(exc)[:300], info="")
-                row["seconds"] = time.perf_counter() - t0
-                rows.append(row)
+            return [timed_run(task, lambda seed, task=task: self._fit(ds, frame, task[1], task[2], seed)) for task in tasks]
         finally:
             frame.unpersist()
-        return rows
+
+    @staticmethod
+    def _fit(ds: dict, frame, method: str, eps: float, seed):
+        operational: dict = {}
+        model = make_estimator(method, ds, eps, seed).fit(frame, operational=operational)
+        cost = bc.kmeans_cost(ds["unit"], bc.scale_unit(model.centers, ds["lo"], ds["hi"]))
+        info = {"spark_passes": operational.get("spark_passes")}
+        if method == AUTO:  # the route auto chose (its model's parameters / info)
+            params = model.parameters if isinstance(model.parameters, dict) else {}
+            info["chosen"] = params.get("chosen") or ((model.info or {}).get("auto") or {}).get("route")
+        if isinstance(model.info, dict) and model.info.get("candidate_choice"):  # grid_or_private's choice
+            info["candidates"] = model.info["candidate_choice"].get("chosen")
+        return cost, model.epsilon_spent, model.delta_spent, json.dumps(info, default=str)
 
     def stop(self):
         self._session.close()
@@ -393,25 +387,28 @@ json.dump(out, open(spec["out"], "w"))
 
 def ensure_peer_venv(status: dict) -> Path | None:
     """Create .cache/peer-venv with diffprivlib (and a scikit-learn it can import). None if that fails."""
-    py = PEER_VENV / "bin" / "python"
-    check = [str(py), "-c", "import diffprivlib.models, sklearn; print(diffprivlib.__version__, sklearn.__version__)"]
+    # diffprivlib 0.6.x imports sklearn.tree._tree.DOUBLE, gone in recent scikit-learn: then pin an older one.
+    return _venv_with(PEER_VENV, [(["diffprivlib"], None), (["scikit-learn<1.6"], "scikit-learn<1.6")],
+                      "import diffprivlib.models, sklearn; print(diffprivlib.__version__, sklearn.__version__)", status,
+                      versions=True)
+
+
+def _venv_with(venv: Path, installs, check: str, status: dict, env: dict | None = None,
+               versions: bool = False) -> Path | None:
+    """The python of ``venv`` (created if missing) once it runs ``check`` (its output is ``status["versions"]``
+    if ``versions``), trying each (packages, pin note) install in turn; None, with the error in ``status``, if none
+    makes it pass."""
+    py = venv / "bin" / "python"
 
     def ok():
-        r = subprocess.run(check, capture_output=True, text=True)
+        r = subprocess.run([str(py), "-c", check], capture_output=True, text=True, env=env)
         if r.returncode == 0:
-            status["versions"] = r.stdout.strip()
+            if versions:
+                status["versions"] = r.stdout.strip()
             return True
         status.setdefault("import_errors", []).append(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "?")
         return False
 
-    # diffprivlib 0.6.x imports sklearn.tree._tree.DOUBLE, gone in recent scikit-learn: then pin an older one.
-    return _venv_with(PEER_VENV, [(["diffprivlib"], None), (["scikit-learn<1.6"], "scikit-learn<1.6")], ok, status)
-
-
-def _venv_with(venv: Path, installs, ok, status: dict) -> Path | None:
-    """The python of ``venv`` (created if missing) once ``ok()`` holds, trying each (packages, pin note) install in
-    turn; None, with the error in ``status``, if none makes it hold."""
-    py = venv / "bin" / "python"
     try:
         if not py.exists():
             subprocess.run(["python3", "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
@@ -530,19 +527,10 @@ def ensure_google_venv(status: dict) -> Path | None:
     if not (GOOGLE_PATH / "clustering" / "clustering_algorithm.py").exists():
         status["skipped"] = f"peer code not found at {GOOGLE_PATH} (../shared/peers missing): google_lsh not run"
         return None
-    py = GOOGLE_VENV / "bin" / "python"
-    check = [str(py), "-c", "from clustering import clustering_algorithm, clustering_params"]
     env = dict(os.environ, PYTHONPATH=str(GOOGLE_PATH))
     env.pop("VIRTUAL_ENV", None)
-
-    def ok():
-        r = subprocess.run(check, capture_output=True, text=True, env=env)
-        if r.returncode == 0:
-            return True
-        status.setdefault("import_errors", []).append(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "?")
-        return False
-
-    return _venv_with(GOOGLE_VENV, [(GOOGLE_PACKAGES, None)], ok, status)
+    return _venv_with(GOOGLE_VENV, [(GOOGLE_PACKAGES, None)], "from clustering import clustering_algorithm, clustering_params",
+                      status, env=env)
 
 
 def run_google_peer(py: Path, ds: dict, epsilons, reps: int, seeded: bool, workdir: Path) -> tuple[list[dict], dict]:
@@ -640,10 +628,8 @@ def write_plots(summary, datasets, out_dir: Path) -> list[str]:
                      fontsize=9)
         ax.legend(fontsize=7, ncol=2)
         ax.grid(True, which="both", alpha=0.3)
-        fig.tight_layout()
         f = out_dir / f"cost_ratio_{ds['name']}.png"
-        fig.savefig(f, dpi=110)
-        plt.close(fig)
+        bh.save_figure(fig, f)
         files.append(f.name)
     return files
 
@@ -652,16 +638,11 @@ def peer_section(peer_meta: dict, datasets: list[dict]) -> tuple[str, list[dict]
     """diffprivlib's real spend; ``peer_meta`` = {"status": ..., "outputs": {dataset: runner output without runs}}."""
     if not peer_meta.get("outputs"):
         return "## Peer privacy spend: diffprivlib\n\nPeer not run: " + json.dumps(peer_meta.get("status", {})) + "\n", []
-    lines = ["## Peer privacy spend: diffprivlib KMeans (computed from its code path)", ""]
     first = next(iter(peer_meta["outputs"].values()))
-    lines.append(f"Versions in `.cache/peer-venv`: {json.dumps(first['versions'])}. Source lines read at run time "
-                 f"(`diffprivlib/models/k_means.py`):")
-    lines.append("")
-    lines.append("```")
-    lines.extend(first["source_split_return"] + first["source_unpack"])
-    lines.append("```")
-    lines.append("")
-    lines.append(
+    lines = ["## Peer privacy spend: diffprivlib KMeans (computed from its code path)", "",
+             f"Versions in `.cache/peer-venv`: {json.dumps(first['versions'])}. Source lines read at run time "
+             f"(`diffprivlib/models/k_means.py`):", "", "```", *first["source_split_return"], *first["source_unpack"],
+             "```", "",
         "`_split_epsilon` computes Su et al.'s split per iteration: each coordinate sum gets share 1 and the count "
         "share c = cbrt(4 d rho^2) (rho = 0.225), normalised by (d + c) so that d * 1 + c adds up to eps / T. It "
         "returns `(1 * norm, c * norm)`, but `_update_centers` unpacks it as `epsilon_0, epsilon_i` and gives "
@@ -670,13 +651,11 @@ def peer_section(peer_meta: dict, datasets: list[dict]) -> tuple[str, list[dict]
         "`_calc_iters(d, n)` update steps composed sequentially (clusters are disjoint: parallel composition), the "
         "epsilon really spent is T * norm * (1 + d c) = eps * (1 + d c) / (d + c), not eps. It equals eps only when "
         "d c + 1 = d + c, i.e. d = 1; it is below eps for small d (c < 1, d < 4.9) and ABOVE eps for d >= 5. "
-        "`accountant.spend(self.epsilon, 0)` records the nominal eps.")
-    lines.append("")
-    lines.append("Columns: actual/nominal under the library's own calibration (sensitivity = bound range per "
-                 "coordinate); the same with add/remove-one neighbours (a sum changes by at most max(|lo|, |hi|) per "
-                 "coordinate, so the range calibration over-protects the sums); with replace-one neighbours (two "
-                 "clusters' counts change: the count part doubles).")
-    lines.append("")
+        "`accountant.spend(self.epsilon, 0)` records the nominal eps.", "",
+        "Columns: actual/nominal under the library's own calibration (sensitivity = bound range per "
+        "coordinate); the same with add/remove-one neighbours (a sum changes by at most max(|lo|, |hi|) per "
+        "coordinate, so the range calibration over-protects the sums); with replace-one neighbours (two "
+        "clusters' counts change: the count part doubles).", ""]
     rows = []
     header = ["dataset", "d", "n", "c = cbrt(4 d rho^2)", "nominal eps", "T (iters)", "actual eps (calibrated)",
               "actual / nominal", "add/remove", "replace-one", "diffprivlib's accountant records"]
@@ -702,10 +681,9 @@ def peer_section(peer_meta: dict, datasets: list[dict]) -> tuple[str, list[dict]
             if eps == e1:
                 table.append([ds["name"], d, ds["n"], f"{c:.3f}", f"{eps:g}", a["T"], f"{a['calibrated']:.4g}",
                               f"{a['calibrated'] / eps:.3f}", f"{a['add_remove']:.4g}", f"{a['replace_one']:.4g}", f"{eps:g}"])
-    lines.append(bh.markdown_table(header, table, ["l"] + ["r"] * 10))
-    lines.append("")
-    lines.append("The ratio actual/nominal does not depend on eps or T (every eps in `peer_privacy.csv`). "
-                 "Formula check for other d: d=2: 0.905, d=10: 1.212, d=24: 1.623.")
+    lines += [bh.markdown_table(header, table, ["l"] + ["r"] * 10), "",
+              "The ratio actual/nominal does not depend on eps or T (every eps in `peer_privacy.csv`). "
+              "Formula check for other d: d=2: 0.905, d=10: 1.212, d=24: 1.623."]
     return "\n".join(lines) + "\n", rows
 
 
@@ -715,23 +693,20 @@ def google_section(google_meta: dict) -> str:
     if not outs:
         return "\n".join(lines + ["Not run: " + json.dumps(google_meta.get("status", {})), ""]) + "\n"
     first = next(iter(outs.values()))
-    lines.append(
+    lines += [
         "Code: `../shared/peers/google-dp-clustering` (`learning/clustering/` of github.com/google/differential-privacy "
         "at commit b5b0286e313b, Apache-2.0), unchanged, run as a subprocess in `.cache/google-peer-venv` "
         f"(versions {json.dumps(first.get('versions', {}))}). Call: `clustering_algorithm.private_lsh_clustering(k, "
         "Data(X, radius=sqrt(d)), DifferentialPrivacyParam(epsilon, delta=1e-6))` with its default tree and noise "
         "multiplier parameters, X = the same [-1, 1]^d scaling from the public bounds as every other method, so every "
-        "point has norm <= sqrt(d) and its clipping to the radius changes nothing.")
-    lines.append("")
-    lines.append(
+        "point has norm <= sqrt(d) and its clipping to the radius changes nothing.", "",
         f"Privacy: (epsilon, {DELTA:g})-DP as stated. Its `PrivacyCalculator` calibrates one Gaussian release of the "
         "sums and max_depth + 1 = 21 discrete-Laplace count levels of the LSH prefix tree to the target (epsilon, "
         "delta) with dp_accounting's PLD accountant (`validate_accounting` checks it); the centers are non-private "
         "k-means++ on the private weighted coreset (post-processing). The table records epsilon_spent = epsilon and "
         f"delta_spent = {DELTA:g}. dpspark's maxcover (and auto, if it chooses so) also spend delta = {DELTA:g}; the "
         "other dpspark methods and diffprivlib are pure epsilon-DP. Randomness: numpy's global generator, seeded per "
-        "run only with --seeded. Its results vary more between runs than diffprivlib's: take the medians.")
-    lines.append("")
+        "run only with --seeded. Its results vary more between runs than diffprivlib's: take the medians.", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -889,23 +864,17 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
     (out_dir / "readme_table.md").write_text(readme_markdown(targets, datasets, "/".join(reps)))
     m = bh.machine_description()
     md = ["# Utility benchmark: dpspark (auto and every family) vs non-private k-means, diffprivlib and Google's LSH "
-          "clustering", ""]
-    md.append(f"{len(runs)} DP runs from {len(invocations)} invocation(s) appended into one table (`--append`):")
-    md.append("")
-    for inv in invocations:
-        md.append(f"- `{inv['command']}` ({inv.get('date', '')}): engine {inv['engine']}, datasets "
-                  f"{', '.join(inv['datasets'])}, {inv['runs']} runs in {inv['elapsed_s']:.0f} s"
-                  + (", SEEDED noise" if inv.get("seeded") else ""))
-    md.append("")
-    md.append(f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB, Python {m['python']}; load average at "
-              f"the end {os.getloadavg()[0]:.1f} (shared machine).")
-    md.append("")
-    md.append(bc.PUBLIC_BOUNDS_NOTE + " All costs are measured on the data scaled to [-1, 1]^d with these bounds.")
-    md.append("")
-    md.append("Cost ratio = k-means cost of the released centers / cost of non-private scikit-learn KMeans "
-              "(k-means++, Lloyd, best of n_init=10) on the same data (1 = as good; lower is better). NICV = cost / N "
-              "on [-1, 1]^d. Cells: median [25th, 75th percentile] over the repetitions.")
-    md.append("")
+          "clustering", "",
+          f"{len(runs)} DP runs from {len(invocations)} invocation(s) appended into one table (`--append`):", ""]
+    md += [f"- `{inv['command']}` ({inv.get('date', '')}): engine {inv['engine']}, datasets "
+           f"{', '.join(inv['datasets'])}, {inv['runs']} runs in {inv['elapsed_s']:.0f} s"
+           + (", SEEDED noise" if inv.get("seeded") else "") for inv in invocations]
+    md += ["", f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB, Python {m['python']}; load average at "
+           f"the end {os.getloadavg()[0]:.1f} (shared machine).", "",
+           bc.PUBLIC_BOUNDS_NOTE + " All costs are measured on the data scaled to [-1, 1]^d with these bounds.", "",
+           "Cost ratio = k-means cost of the released centers / cost of non-private scikit-learn KMeans "
+           "(k-means++, Lloyd, best of n_init=10) on the same data (1 = as good; lower is better). NICV = cost / N "
+           "on [-1, 1]^d. Cells: median [25th, 75th percentile] over the repetitions.", ""]
     engines = sorted({inv["engine"] for inv in invocations})
     notes = []
     if "spark" in engines:
@@ -914,38 +883,31 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
         notes.append("`numpy`: dpspark methods run their real driver code (estimator validation, budget split, "
                      "accountant, mechanisms, coverage / Lloyd / LDP rounds, solvers) with the package's numpy reference "
                      "aggregation instead of the Spark passes (identical exact aggregates); `auto` runs only on Spark.")
-    md.append("Engine: " + " ".join(notes))
     seeded = any(inv.get("seeded") for inv in invocations)
-    md.append(f"Noise: {'SEEDED in some invocations (reproducible, NOT private)' if seeded else 'secure (OpenDP) for dpspark; unseeded for the peers'}. "
-              f"maxcover and google_lsh: delta = {DELTA:g}; auto gets delta = {DELTA:g} and records what it spends; every "
-              "other method: pure epsilon-DP. `ldp` is LOCAL DP (each user's own report is epsilon-DP): a much stronger "
-              "guarantee than the central model of the others.")
-    md.append("")
-    md.append("Datasets (whole unless a row cap is shown; public bounds from the data used): " + "; ".join(
-        f"{ds['name']} n={ds['n']}" + (f" (of {ds['n_full']}, --max-rows {ds['max_rows']})" if ds['n'] < ds['n_full'] else "")
-        + f" d={ds['d']} k={ds['k']}" for ds in datasets) + ".")
+    md += ["Engine: " + " ".join(notes),
+           f"Noise: {'SEEDED in some invocations (reproducible, NOT private)' if seeded else 'secure (OpenDP) for dpspark; unseeded for the peers'}. "
+           f"maxcover and google_lsh: delta = {DELTA:g}; auto gets delta = {DELTA:g} and records what it spends; every "
+           "other method: pure epsilon-DP. `ldp` is LOCAL DP (each user's own report is epsilon-DP): a much stronger "
+           "guarantee than the central model of the others.", "",
+           "Datasets (whole unless a row cap is shown; public bounds from the data used): " + "; ".join(
+               f"{ds['name']} n={ds['n']}" + (f" (of {ds['n_full']}, --max-rows {ds['max_rows']})" if ds['n'] < ds['n_full'] else "")
+               + f" d={ds['d']} k={ds['k']}" for ds in datasets) + "."]
     no_grid = [ds["name"] for ds in datasets
                if not any(r["dataset"] == ds["name"] and r["method"] == "maxcover_grid" for r in runs)
                and any(r["dataset"] == ds["name"] and r["method"].startswith("maxcover") for r in runs)]
     if no_grid:
-        md.append("")
-        md.append(f"maxcover_grid is not run for {', '.join(no_grid)} (d above --grid-max-dim: about 120 s per run at "
-                  "d = 13 on this machine).")
-    md.append("")
-    md.append(f"## Targets at epsilon = {TARGET_EPS:g} (and {', '.join(f'{e:g}' for e in TARGET_SIDE_EPS)})")
-    md.append("")
-    md.append(f"Median cost ratios. Best explicit = the lowest median at eps {TARGET_EPS:g} among "
-              f"{', '.join(EXPLICIT_METHODS)}. Better peer = the lower median of diffprivlib and google_lsh at that "
-              f"epsilon (diffprivlib at its NOMINAL epsilon: see its real spend below). (a) auto's excess (ratio - 1) "
-              f"<= {TARGET_EXCESS_FRACTION:g} x the better peer's excess at eps {TARGET_EPS:g}; (b) auto <= "
-              f"{TARGET_EXPLICIT_FACTOR:.2f} x the best explicit at eps {TARGET_EPS:g}; (c) auto <= the better peer at "
-              f"eps {' and '.join(f'{e:g}' for e in TARGET_SIDE_EPS)}. n/a = a number is missing (not run, or failed).")
-    md.append("")
-    md.append(targets_markdown(targets, summary))
-    md.append("")
+        md += ["", f"maxcover_grid is not run for {', '.join(no_grid)} (d above --grid-max-dim: about 120 s per run at "
+               "d = 13 on this machine)."]
+    md += ["", f"## Targets at epsilon = {TARGET_EPS:g} (and {', '.join(f'{e:g}' for e in TARGET_SIDE_EPS)})", "",
+           f"Median cost ratios. Best explicit = the lowest median at eps {TARGET_EPS:g} among "
+           f"{', '.join(EXPLICIT_METHODS)}. Better peer = the lower median of diffprivlib and google_lsh at that "
+           f"epsilon (diffprivlib at its NOMINAL epsilon: see its real spend below). (a) auto's excess (ratio - 1) "
+           f"<= {TARGET_EXCESS_FRACTION:g} x the better peer's excess at eps {TARGET_EPS:g}; (b) auto <= "
+           f"{TARGET_EXPLICIT_FACTOR:.2f} x the best explicit at eps {TARGET_EPS:g}; (c) auto <= the better peer at "
+           f"eps {' and '.join(f'{e:g}' for e in TARGET_SIDE_EPS)}. n/a = a number is missing (not run, or failed).", "",
+           targets_markdown(targets, summary), ""]
     e_sum = TARGET_EPS if TARGET_EPS in all_eps else (min(all_eps, key=lambda e: abs(math.log(e))) if all_eps else TARGET_EPS)
-    md.append(f"## Summary at epsilon = {e_sum:g}: median cost ratio [IQR] (median NICV)")
-    md.append("")
+    md += [f"## Summary at epsilon = {e_sum:g}: median cost ratio [IQR] (median NICV)", ""]
     methods = sorted({r["method"] for r in summary}, key=method_order)
     header = ["method"] + names
     trows = []
@@ -961,14 +923,11 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
             else:
                 row.append(f"{cell(r, 'cost_ratio')} ({g(r['nicv_median'])})")
         trows.append(row)
-    md.append(bh.markdown_table(header, trows, ["l"] + ["r"] * len(datasets)))
-    md.append("")
+    md += [bh.markdown_table(header, trows, ["l"] + ["r"] * len(datasets)), ""]
     for ds in datasets:
-        md.append(f"## {ds['name']} (n={ds['n']}, d={ds['d']}, k={ds['k']})")
-        md.append("")
+        md += [f"## {ds['name']} (n={ds['n']}, d={ds['d']}, k={ds['k']})", ""]
         if f"cost_ratio_{ds['name']}.png" in plots:
-            md.append(f"![cost ratio vs epsilon](cost_ratio_{ds['name']}.png)")
-            md.append("")
+            md += [f"![cost ratio vs epsilon](cost_ratio_{ds['name']}.png)", ""]
         eps_list = sorted({r["epsilon"] for r in summary if r["dataset"] == ds["name"] and r["method"] != NONPRIVATE})
         header = ["method", "metric"] + [f"eps={e:g}" for e in eps_list] + ["s/run"]
         trows = []
@@ -984,9 +943,8 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
                     row.append("-" if r is None else cell(r, metric) + (f" ({r['failures']} failed)" if r["failures"] else ""))
                 row.append(g(np.median(secs)) if secs and metric == "cost_ratio" else "")
                 trows.append(row)
-        md.append(bh.markdown_table(header, trows, ["l", "l"] + ["r"] * (len(eps_list) + 1)))
-        md.append("")
-        md.append(f"Non-private NICV: {g(ds['baseline'] / ds['n'], 4)}.")
+        md += [bh.markdown_table(header, trows, ["l", "l"] + ["r"] * (len(eps_list) + 1)), "",
+               f"Non-private NICV: {g(ds['baseline'] / ds['n'], 4)}."]
         routes = {}
         for r in runs:
             if r["dataset"] == ds["name"] and r["method"] == AUTO and r.get("info"):
@@ -1001,18 +959,14 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
             md.append("auto's route: " + "; ".join(f"{e}: " + ", ".join(f"{c} x{n}" for c, n in v.items())
                                                    for e, v in routes.items()) + ".")
         md.append("")
-    md.append(peer_md)
-    md.append(google_section(state["peers"][GOOGLE]))
+    md += [peer_md, google_section(state["peers"][GOOGLE])]
     errors = [r for r in runs if r.get("error")]
     if errors:
-        md.append("## Failed runs")
-        md.append("")
         seen = {}
         for r in errors:
             seen.setdefault((r["method"], r["error"]), []).append(f"{r['dataset']}@{r['epsilon']:g}")
-        for (method, err), where in seen.items():
-            md.append(f"- {method}: `{err}` ({len(where)}x: {', '.join(sorted(set(where))[:6])})")
-        md.append("")
+        md += ["## Failed runs", "", *(f"- {method}: `{err}` ({len(where)}x: {', '.join(sorted(set(where))[:6])})"
+                                        for (method, err), where in seen.items()), ""]
     (out_dir / "results.md").write_text("\n".join(md) + "\n")
     (out_dir / "meta.json").write_text(json.dumps({"invocations": invocations, "machine": m}, indent=1, default=str))
     return summary, targets

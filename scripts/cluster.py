@@ -172,10 +172,6 @@ class StandaloneCluster:
         with urllib.request.urlopen(self.master_ui + "/json/", timeout=5) as resp:
             return json.load(resp)
 
-    def worker_state(self, name: str) -> dict:
-        with urllib.request.urlopen(self.worker_uis[name] + "/json/", timeout=5) as resp:
-            return json.load(resp)
-
     def kill_worker(self, name: str) -> None:
         """SIGKILL the worker's whole process group: the worker JVM and the executors it launched."""
         _kill_group(self.pids[name], signal.SIGKILL)
