@@ -14,6 +14,7 @@ from dpspark.dplloyd.params import DPLloydParams
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.mechanisms import LaplaceMechanism, NoNoise, SeededNoise
+from dpspark.steps import lloyd as lloyd_step
 
 from conftest import blobs
 
@@ -150,6 +151,6 @@ def test_full_run_statistical_privacy_and_broken_noise_is_caught(monkeypatch):
     runs = 20_000
     loss = estimated_loss(_quadrants(_released(d0, runs, 1), 20.5, 0.0), _quadrants(_released(d1, runs, 2), 20.5, 0.0))
     assert 0.85 <= loss <= 1.15
-    monkeypatch.setattr(core, "LaplaceMechanism", _HalvedLaplace)
+    monkeypatch.setattr(lloyd_step, "LaplaceMechanism", _HalvedLaplace)  # the noisy update is dpspark.steps.lloyd's
     broken = estimated_loss(_quadrants(_released(d0, runs, 3), 20.5, 0.0), _quadrants(_released(d1, runs, 4), 20.5, 0.0))
     assert broken > 1.15

@@ -27,6 +27,7 @@ import pandas as pd
 import pytest
 
 from dpspark.dplloyd import core as lloyd_core
+from dpspark.steps import lloyd as lloyd_step
 from dpspark.steps.lloyd_pass import partition_aggregator
 from dpspark.errors import PrivacyAccountingError
 from dpspark.maxcover import candidates as cand_mod
@@ -596,7 +597,7 @@ def test_dplloyd_end_to_end_extreme_record_and_broken_variants_are_caught(monkey
 
     assert abs(loss(c1, s1, 1) - eps_t) <= MARGIN
     with monkeypatch.context() as mp:
-        mp.setattr(lloyd_core, "LaplaceMechanism", HalvedLaplace)
+        mp.setattr(lloyd_step, "LaplaceMechanism", HalvedLaplace)  # the noisy update is dpspark.steps.lloyd's
         assert loss(c1, s1, 3) > eps_t + MARGIN
     with monkeypatch.context() as mp:
         _remove_kernel_clamps(mp)
