@@ -251,9 +251,11 @@ class MaxCover:
 
     def solve_and_polish(self, params, budget, chosen_unit, weights, cand_unit, cand_original, rng, lloyd_aggregate,
                          accountant: Accountant, counter: PassCounter, timings: dict):
-        """The weighted instance solved on the driver (post-processing), then, with a ``lloyd`` share
-        (k-means), one DP Lloyd step on the data (``polish``). Returns (centers in original units, weights)."""
+        """The weighted instance solved on the driver (post-processing: the released weights below their
+        noise floor read as zero, ``core.significant_weights``), then, with a ``lloyd`` share (k-means),
+        one DP Lloyd step on the data (``polish``). Returns (centers in original units, weights)."""
         eps_lloyd = budget.get("lloyd", (0.0, 0.0))[0]
+        weights = core.significant_weights(weights, budget["counts"][0], self.k)
         with step("maxcover: solve the weighted instance (post-processing)", timings):
             if not (eps_lloyd > 0):
                 return self._solve(params, chosen_unit, weights, cand_unit, cand_original, rng)
