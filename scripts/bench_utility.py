@@ -213,9 +213,15 @@ def fit_numpy(est, x_original: np.ndarray):
 
         epsilon, delta = est.privacy_plan()
         acc = Accountant(epsilon, delta, randomness.noise)
-        params, budget, choice = est.resolve_candidates(est._validated_params(), lambda: int(unit.shape[0]), acc)
+        side = cand_mod.zoom_side(est.domain.dim)
+        exact_coarse = np.bincount(cand_mod.coarse_index(unit, side), minlength=side ** est.domain.dim)
+        params, budget, choice = est.resolve_candidates(est._validated_params(), lambda: exact_coarse, acc)
         rng = randomness.public_rng("maxcover.candidates")
-        if params.candidates == "private":
+        zoom, outside = None, None
+        if params.candidates == "grid" and "zoom" in budget:
+            cand, zoom, outside = est.zoomed_candidates(exact_coarse, choice["noisy_rows"], params, budget, acc)
+            zoom = zoom["zoom"]
+        elif params.candidates == "private":
             columns = unit_columns(est.domain.dim)
             saved = cand_mod.passes.cell_aggregates
             cand_mod.passes.cell_aggregates = _np_cell_aggregates(unit, columns)
@@ -231,7 +237,8 @@ def fit_numpy(est, x_original: np.ndarray):
                                                est.k, budget["candidates"][0], acc, rng)
         else:
             cand = cand_mod.public_candidates(params.candidates, est.domain, params.candidate_count, rng)
-        ts = core.thresholds(est.domain.unit_diameter, 2, cand.shape[0], params.coverage_approx, params.n_upper)
+        ts = core.thresholds(cand_mod.coverage_diameter(est.domain.unit_diameter, zoom), 2, cand.shape[0],
+                             params.coverage_approx, params.n_upper)
         m = core.picks_per_threshold(est.k, params.coverage_approx)
         provider = core.NumpySignatureProvider(unit, cand, ts, 2)
         picks = core.run_coverage(provider, cand.shape[0], ts, m, acc, *budget["coverage"])
@@ -242,7 +249,8 @@ def fit_numpy(est, x_original: np.ndarray):
 
         centers, _ = est.solve_and_polish(params, budget, chosen, np.maximum(noisy, 0).astype(np.float64), cand, None,
                                           randomness.public_rng("maxcover.solver"), numpy_aggregate(unit), acc,
-                                          PassCounter(), {})
+                                          PassCounter(), {}, outside=None if outside is None else
+                                          outside[core.chosen_candidate_ids(picks)])
         acc.finish()
         return centers, acc.spent_epsilon, acc.spent_delta, {"candidates": int(cand.shape[0]), "chosen": int(chosen.shape[0]),
                                                              "mode": params.candidates}

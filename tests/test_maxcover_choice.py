@@ -12,7 +12,7 @@ import pytest
 from dpspark.config import validate
 from dpspark.errors import ConfigError
 from dpspark.maxcover.estimator import CHOICE_LABEL, MaxCover, choose_by_count
-from dpspark.maxcover.params import (CHOICE_SHARE, DEFAULT_SPLIT_PRIVATE, GRID_PER_CLUSTER, PRIVATE_MIN_SIGNAL,
+from dpspark.maxcover.params import (CHOICE_SHARE, DEFAULT_SPLIT_PRIVATE, GRID_PER_CLUSTER, PRIVATE_MIN_SIGNAL, ZOOM_SHARE,
                                      choose_candidates, default_candidates)
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
@@ -48,7 +48,7 @@ def test_the_count_is_charged_and_the_rest_is_the_chosen_modes_split(rows, mode)
     assert chosen.candidates == mode and info["chosen"] == mode and info["noisy_rows"] == rows
     assert [c.label for c in acc.charges] == [CHOICE_LABEL]
     assert acc.charges[0].epsilon == CHOICE_SHARE * 2.0 and acc.charges[0].delta == 0.0
-    rest = 2.0 * (1 - CHOICE_SHARE)
+    rest = 2.0 * (1 - CHOICE_SHARE - (ZOOM_SHARE if mode == "grid" else 0.0))
     total_eps = math.fsum(e for e, _ in budget.values())
     total_delta = math.fsum(d for _, d in budget.values())
     assert math.isclose(total_eps, 2.0, rel_tol=1e-12) and math.isclose(total_delta, DELTA, rel_tol=1e-12)

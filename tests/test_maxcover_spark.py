@@ -540,11 +540,14 @@ def test_total_charge_equals_epsilon_and_delta(blob_df, candidate_table, mode):
         assert len(tree_charges) >= 3 and len(steps) == 2 + len(tree_charges)
         assert math.isclose(math.fsum(c["epsilon"] for c in tree_charges), 0.4 * 3.0) and all(c["delta"] == 0 for c in tree_charges)
         assert math.isclose(cov["epsilon"], 0.3 * 3.0) and cov["delta"] == DELTA
-    elif mode == "grid_or_private":  # the row count (0.02 * 3) chose the grid (n eps / k far below 5000)
+    elif mode == "grid_or_private":  # the row count (0.02 * 3) chose the grid (n eps / k far below 5000),
+        # whose coarse histogram (0.1 * 3) places half of it
         choice = next(c for c in model.charges if c["step"] == CHOICE_LABEL)
-        assert len(steps) == 3 and math.isclose(choice["epsilon"], 0.06) and choice["delta"] == 0
+        zoom = next(c for c in model.charges if c["step"] == cand_mod.ZOOM_LABEL)
+        assert len(steps) == 4 and math.isclose(choice["epsilon"], 0.06) and choice["delta"] == 0
+        assert math.isclose(zoom["epsilon"], 0.3) and zoom["delta"] == 0
         assert model.info["candidate_choice"]["chosen"] == "grid" and model.parameters["candidates"] == "grid"
-        assert math.isclose(cov["epsilon"], 0.5 * (3.0 - 0.06)) and cov["delta"] == DELTA
+        assert math.isclose(cov["epsilon"], 0.5 * (3.0 - 0.06 - 0.3)) and cov["delta"] == DELTA
         assert operational["passes_by_kind"]["count"] == 1
     else:
         assert len(steps) == 2

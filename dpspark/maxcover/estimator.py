@@ -7,7 +7,9 @@
 A run, all distances in the unit space of the domain (Delta = ``domain.unit_diameter``):
 
 0. ``grid_or_private`` (the default in d <= 3) first releases the row count, which
-   chooses between ``grid`` and ``private`` (``choose_by_count``);
+   chooses between ``grid`` and ``private`` (``choose_by_count``); its grid branch then
+   releases a coarse histogram of the box (the same Spark pass as the count) and puts half
+   the grid on the cells it shows occupied (``zoomed_candidates``, charged (eps_zoom, 0));
 1. candidates V: public (table / grid / random), the DP grid generator (``private``:
    one Spark pass, two from d = 4 on, charged (eps_cand, delta_cand)) or the private
    LSH tree's leaf means (``tree``: one Spark pass, charged (eps_cand, 0));
@@ -18,7 +20,8 @@ A run, all distances in the unit space of the domain (Delta = ``domain.unit_diam
 3. one Spark pass snapping every point to its nearest chosen candidate; the
    counts are released with discrete Laplace(1/eps_cnt), charged (eps_cnt, 0);
 4. post-processing: the driver solver (``solver``) on the chosen candidates
-   weighted by max(noisy count, 0);
+   weighted by max(noisy count, 0), counts below their noise floor read as zero
+   (``core.significant_weights``);
 5. with a ``lloyd_share`` (k-means; 0.5 with tree candidates), one more Spark
    pass: a DP Lloyd step from the solved centers (``polish``), charged (eps_lloyd, 0).
 
@@ -33,7 +36,7 @@ not DP outputs: they go to the caller's ``operational`` dict (NON-PRIVATE
 operational metadata), never onto the model, which holds released and public
 values only.
 
-Budget: epsilon = [eps_choice +] eps_cand + eps_cov + eps_cnt [+ eps_lloyd] (fractions from the
+Budget: epsilon = [eps_choice + [eps_zoom] +] eps_cand + eps_cov + eps_cnt [+ eps_lloyd] (fractions from the
 config; the split divides what the row count and the Lloyd step leave), delta =
 delta_cand + delta_cov (private candidates: ``delta_candidates`` of delta, default
 half; tree and public candidates: all of delta to the coverage loop).
@@ -49,7 +52,7 @@ import numpy as np
 from dpspark import solvers, tables
 from dpspark.maxcover import candidates as cand_mod
 from dpspark.maxcover import core
-from dpspark.maxcover.params import (CANDIDATE_MODES, CHARGED_MODES, CHOICE_SHARE, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC,
+from dpspark.maxcover.params import (CANDIDATE_MODES, CHARGED_MODES, CHOICE_SHARE, ZOOM_SHARE, DEFAULT_SPLIT_PRIVATE, DEFAULT_SPLIT_PUBLIC,
                                      GRID_PER_CLUSTER, MAX_GRID_POINTS, PRIVATE_MIN_SIGNAL, SOLVERS, MaxCoverParams, budget_split, choose_candidates,
                                      chosen_params, default_candidates, default_lloyd_share, default_solver,
                                      MAX_LLOYD_SHARE, MAX_PAIRS_ENV, MAX_SIGNATURES_ENV, bounded)
@@ -196,7 +199,7 @@ class MaxCover:
         )
         # grid_or_private: both branches must be valid (the grid's per-pick weight is the larger one)
         branches = [chosen_params(params, "grid", self.k)] if mode == "grid_or_private" else [params]
-        rest = self.epsilon * (1.0 - CHOICE_SHARE) if mode == "grid_or_private" else self.epsilon
+        rest = self.epsilon * (1.0 - CHOICE_SHARE - ZOOM_SHARE) if mode == "grid_or_private" else self.epsilon
         for branch in branches:
             eps_cov, delta_cov = budget_split(rest, self.delta, branch)["coverage"]
             core.coverage_epsilon(eps_cov, delta_cov)  # validates
@@ -210,6 +213,21 @@ class MaxCover:
         return float(self.epsilon), float(self.delta)
 
     # -- fitting -------------------------------------------------------------------
+
+    def zoomed_candidates(self, exact_coarse: np.ndarray, noisy_rows: float, params: MaxCoverParams, budget: dict,
+                          accountant: Accountant) -> tuple[np.ndarray, dict, np.ndarray | None]:
+        """grid_or_private's grid branch: the ONE release of the exact coarse histogram ``exact_coarse``
+        (NOT private; all cells, L1 sensitivity 1, charged budget["zoom"]), then the grid half public,
+        half on the occupied cells of the level the noisy counts and the released ``noisy_rows`` choose
+        (``candidates.zoomed_grid``, post-processing). Returns (unit-space candidates, info, which
+        candidates lie outside the occupied cells or None without a zoom level)."""
+        eps_zoom = budget["zoom"][0]
+        noisy_counts = cand_mod.release_coarse(exact_coarse, eps_zoom, accountant)
+        unit, info, level = cand_mod.zoomed_grid(noisy_counts, noisy_rows, self.domain.dim, params.candidate_count,
+                                                 eps_zoom)
+        if self.domain.is_ball:
+            unit = np.unique(self.domain.clip_unit(unit), axis=0)
+        return unit, {"zoom": info}, (None if level is None else cand_mod.outside_cells(unit, *level))
 
     def _candidates(self, spark, cached, columns, params, budget, accountant, randomness, counter, timings):
         """(unit-space candidates, original-unit rows for table candidates or None, info)."""
@@ -250,12 +268,14 @@ class MaxCover:
         return cand_original[rows].copy(), w
 
     def solve_and_polish(self, params, budget, chosen_unit, weights, cand_unit, cand_original, rng, lloyd_aggregate,
-                         accountant: Accountant, counter: PassCounter, timings: dict):
+                         accountant: Accountant, counter: PassCounter, timings: dict, outside=None):
         """The weighted instance solved on the driver (post-processing: the released weights below their
-        noise floor read as zero, ``core.significant_weights``), then, with a ``lloyd`` share (k-means),
-        one DP Lloyd step on the data (``polish``). Returns (centers in original units, weights)."""
+        noise floor read as zero, ``core.significant_weights``, with the stricter floor where ``outside``,
+        a mask over the chosen candidates from released values, says no data was seen), then, with a
+        ``lloyd`` share (k-means), one DP Lloyd step on the data (``polish``). Returns (centers in original
+        units, weights)."""
         eps_lloyd = budget.get("lloyd", (0.0, 0.0))[0]
-        weights = core.significant_weights(weights, budget["counts"][0], self.k)
+        weights = core.significant_weights(weights, budget["counts"][0], self.k, outside)
         with step("maxcover: solve the weighted instance (post-processing)", timings):
             if not (eps_lloyd > 0):
                 return self._solve(params, chosen_unit, weights, cand_unit, cand_original, rng)
@@ -308,13 +328,15 @@ class MaxCover:
                               f"`dpspark ledger set-public --ledger {ledger.path} --table {params.candidate_table}`")
         cand_mod.table_candidates(spark, params.candidate_table, self.features, self.domain)
 
-    def resolve_candidates(self, params: MaxCoverParams, exact_rows, accountant: Accountant) -> tuple[MaxCoverParams, dict, dict]:
+    def resolve_candidates(self, params: MaxCoverParams, exact_histogram, accountant: Accountant) -> tuple[MaxCoverParams, dict, dict]:
         """(params, budget, choice info) of the run: for ``grid_or_private`` the row count is released first
-        and chooses the mode (``choose_by_count``); ``exact_rows()`` is called only then (a Spark count)."""
+        and chooses the mode (``choose_by_count``). ``exact_histogram()`` (the exact coarse histogram of
+        ``candidates.coarse_histogram``, one Spark pass; NOT private) is called only then: its sum is the row
+        count; the grid branch releases the histogram itself later (``_candidates``)."""
         epsilon, delta = float(self.epsilon), float(self.delta)
         if params.candidates != "grid_or_private":
             return params, budget_split(epsilon, delta, params), {}
-        return choose_by_count(exact_rows(), params, epsilon, delta, int(self.k), accountant)
+        return choose_by_count(int(np.asarray(exact_histogram()).sum()), params, epsilon, delta, int(self.k), accountant)
 
     def fit(self, df, timings: dict | None = None, operational: dict | None = None) -> ClusteringModel:
         configured = self._validated_params()
@@ -329,16 +351,27 @@ class MaxCover:
         cached = unit_df.persist()
         provider = None
         try:
-            def exact_rows() -> int:
-                with step("maxcover pass: row count (chooses the candidates)", timings):
-                    counter.add("count")
-                    return int(cached.count())
+            coarse = {}
 
-            params, budget, choice = self.resolve_candidates(configured, exact_rows, accountant)
-            cand_unit, cand_original, cand_info = self._candidates(
-                df.sparkSession, cached, columns, params, budget, accountant, randomness, counter, timings)
+            def exact_histogram() -> np.ndarray:
+                with step("maxcover pass: coarse histogram (the row count chooses the candidates; the grid goes "
+                          "where the data is)", timings):
+                    counter.add("count")
+                    coarse["counts"] = cand_mod.coarse_histogram(cached, columns, cand_mod.zoom_side(self.domain.dim))
+                    return coarse["counts"]
+
+            params, budget, choice = self.resolve_candidates(configured, exact_histogram, accountant)
+            outside = None  # zoomed grid: which candidates lie where the released histogram saw no data
+            if params.candidates == "grid" and "zoom" in budget:
+                cand_original = None
+                cand_unit, cand_info, outside = self.zoomed_candidates(coarse["counts"], choice["noisy_rows"], params,
+                                                                       budget, accountant)
+            else:
+                cand_unit, cand_original, cand_info = self._candidates(
+                    df.sparkSession, cached, columns, params, budget, accountant, randomness, counter, timings)
             n_cand = cand_unit.shape[0]
-            ts = core.thresholds(self.domain.unit_diameter, p, n_cand, params.coverage_approx, params.n_upper)
+            diameter = cand_mod.coverage_diameter(self.domain.unit_diameter, cand_info.get("zoom"))
+            ts = core.thresholds(diameter, p, n_cand, params.coverage_approx, params.n_upper)
             m = core.picks_per_threshold(self.k, params.coverage_approx)
             log.info("maxcover: %d candidates, %d thresholds, %d picks per threshold", n_cand, ts.size, min(m, n_cand))
             max_signatures = signatures_within_result_limit(df.sparkSession, params.max_signatures, n_cand)
@@ -354,7 +387,8 @@ class MaxCover:
             noisy = core.noisy_weights(exact, accountant, budget["counts"][0])
             centers, center_weights = self.solve_and_polish(
                 params, budget, chosen_unit, np.maximum(noisy, 0).astype(np.float64), cand_unit, cand_original,
-                randomness.public_rng("maxcover.solver"), spark_aggregate(cached, columns), accountant, counter, timings)
+                randomness.public_rng("maxcover.solver"), spark_aggregate(cached, columns), accountant, counter, timings,
+                outside=None if outside is None else outside[chosen])
         finally:
             if provider is not None:
                 provider.close()
@@ -405,7 +439,9 @@ def choose_by_count(exact_rows: int, params: MaxCoverParams, epsilon: float, del
     on n_hat, epsilon, k), the chosen mode's parameters and the split of the rest,
     (epsilon - eps_choice, delta), are post-processing of that release and public inputs; the run
     then spends exactly the rest as that mode does, so its total is (epsilon, delta) either way,
-    as ``privacy_plan`` states before any data is read (basic composition).
+    as ``privacy_plan`` states before any data is read (basic composition). The grid branch sets
+    eps_zoom = ZOOM_SHARE * epsilon of that rest aside for its coarse histogram
+    (``zoomed_candidates``) and splits the remainder as grid's default.
 
     Returns (chosen params, budget with a "choice" entry, info with the released count and the mode).
     """
@@ -414,7 +450,12 @@ def choose_by_count(exact_rows: int, params: MaxCoverParams, epsilon: float, del
     noisy_rows = float(accountant.laplace(CHOICE_LABEL, np.array([int(exact_rows)], dtype=np.int64), mech)[0])
     mode = choose_candidates(noisy_rows, epsilon, k)
     chosen = chosen_params(params, mode, k)
-    budget = {"choice": (eps_choice, 0.0), **budget_split(float(epsilon) - eps_choice, float(delta), chosen)}
+    if mode == "grid":  # the grid goes where a released coarse histogram shows the data (``_candidates``)
+        eps_zoom = ZOOM_SHARE * float(epsilon)
+        budget = {"choice": (eps_choice, 0.0), "zoom": (eps_zoom, 0.0),
+                  **budget_split(float(epsilon) - eps_choice - eps_zoom, float(delta), chosen)}
+    else:
+        budget = {"choice": (eps_choice, 0.0), **budget_split(float(epsilon) - eps_choice, float(delta), chosen)}
     why = (f"noisy rows {noisy_rows:.0f} x epsilon {epsilon:g} / k {k} "
            f"{'>=' if mode == 'private' else '<'} {PRIVATE_MIN_SIGNAL:g}")
     return chosen, budget, {"noisy_rows": noisy_rows, "chosen": mode, "why": why}

@@ -48,7 +48,11 @@ key                    meaning                                                  
 and no delta: the coverage loop gets all of delta, as with public candidates.
 ``grid_or_private`` spends ``CHOICE_SHARE`` of epsilon on a noisy row count, then runs as
 ``grid`` or ``private`` with that mode's default split of the rest (its split and
-delta_candidates are not configurable: name the mode to set them).
+delta_candidates are not configurable: name the mode to set them). Its ``grid`` branch
+also spends ``ZOOM_SHARE`` of epsilon on a coarse histogram of the box (the same Spark pass
+as the count) and puts half its grid on the cells that show data
+(``candidates.zoomed_grid``): with a loose box the public grid alone leaves most of its
+points in empty space.
 Default epsilon split: private and tree candidates 0.4 / coverage 0.3 / counts 0.3 (measured,
 private:
 bench/results/maxcover/tuning.md: better than the earlier 0.2 / 0.4 / 0.4 in 9 of 12
@@ -154,6 +158,9 @@ TREE_DEFAULT_MIN_DIM = 4
 # grid_or_private: the noisy row count's share of epsilon, the signal n_hat eps / k from which the
 # private grid cells replace the public grid, and the public grid's size per cluster.
 CHOICE_SHARE = 0.02
+# The grid branch's share of epsilon for the coarse histogram that places the grid where the data is
+# (``candidates.occupied_grid``); the coverage loop and the counts split the rest.
+ZOOM_SHARE = 0.1
 PRIVATE_MIN_SIGNAL = 5000.0
 GRID_PER_CLUSTER = 40
 
@@ -343,7 +350,7 @@ def validate_params(section, *, objective: str, k: int, dim: int, privacy) -> Ma
     if candidates != "private":
         delta_cand = 0.0
     if candidates == "grid_or_private":  # the grid branch has the larger per-pick weight
-        eps_prime = privacy.epsilon * (1.0 - CHOICE_SHARE) * (1.0 - lloyd_share) * DEFAULT_SPLIT_PUBLIC[1] / (2.0 * (1.0 - math.log(privacy.delta)))
+        eps_prime = privacy.epsilon * (1.0 - CHOICE_SHARE - ZOOM_SHARE) * (1.0 - lloyd_share) * DEFAULT_SPLIT_PUBLIC[1] / (2.0 * (1.0 - math.log(privacy.delta)))
     else:
         eps_prime = privacy.epsilon * (1.0 - lloyd_share) * eps_cov / (2.0 * (1.0 - math.log(privacy.delta * (1.0 - delta_cand))))
     if eps_prime > 1.0:
