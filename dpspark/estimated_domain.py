@@ -11,8 +11,10 @@ list both, in order, and sum to the plan (``privacy_plan``).
 
 Spark passes: one aggregation (two without a public outer box) over the feature columns,
 after contribution bounding and the dropping of invalid rows as every family does; each is
-a grouped count of (feature, bin) pairs that runs in the JVM. The driver releases the
-histograms and decides the bounds.
+a ``mapInArrow`` pass in which every partition counts its (feature, bin) pairs with numpy
+(``histogram_kernel``: the rules ``bounds.octave_index`` and ``bounds.dyadic_index``) and
+returns one (d, bins) array. The driver sums them, releases the histograms and decides the
+bounds.
 """
 
 from __future__ import annotations
@@ -150,27 +152,54 @@ def _release(accountant: Accountant, label: str, exact_counts: np.ndarray, relea
     return accountant.gaussian(label, exact_counts, release.mechanism).astype(np.float64)
 
 
-def _histograms(raw, bin_columns, dim: int, size: int) -> np.ndarray:
-    """One Spark job: exact counts of (feature, bin) over the rows of ``raw``: (dim, size) int64."""
-    from pyspark.sql import functions as F
+def histogram_kernel(rule, dim: int, size: int):
+    """A ``mapInArrow`` kernel: the exact (feature, bin) counts of one partition's rows, bins by the numpy
+    ``rule`` ((rows, d) float64 values -> (rows, d) int64 bins in [0, size)), as ONE row holding the
+    (d, size) int64 counts as bytes (NOT private; summed on the driver). The rows are already valid
+    (``tables.prepare_raw``: finite doubles) and each falls in exactly one bin per feature."""
 
-    pairs = F.explode(F.array(*[F.struct(F.lit(j).alias("j"), b.alias("b")) for j, b in enumerate(bin_columns)]))
-    rows = (raw.select(pairs.alias("p")).select(F.col("p.j").alias("j"), F.col("p.b").alias("b"))
-            .groupBy("j", "b").count().collect())
+    def run(batches):
+        import pyarrow as pa
+
+        exact_counts = np.zeros((dim, size), dtype=np.int64)
+        for batch in batches:
+            if not len(batch):
+                continue
+            x = np.column_stack([batch.column(f"__f{j}").to_numpy(zero_copy_only=False) for j in range(dim)])
+            bins = np.asarray(rule(x.astype(np.float64, copy=False)), dtype=np.int64).reshape(-1, dim)
+            for j in range(dim):
+                exact_counts[j] += np.bincount(bins[:, j], minlength=size)[:size]
+        yield pa.RecordBatch.from_arrays([pa.array([exact_counts.tobytes()], type=pa.binary())], names=["counts"])
+
+    return run
+
+
+def _histograms(raw, rule, dim: int, size: int) -> np.ndarray:
+    """One Spark job over the rows of ``raw``: exact counts of (feature, bin), (dim, size) int64, one
+    partial histogram per partition (``histogram_kernel``) summed on the driver."""
+    parts = (raw.select(*[f"__f{j}" for j in range(dim)])
+             .mapInArrow(histogram_kernel(rule, dim, size), "counts binary").collect())
     exact_counts = np.zeros((dim, size), dtype=np.int64)
-    for r in rows:
-        exact_counts[int(r["j"]), int(r["b"])] = int(r["count"])
+    for r in parts:
+        exact_counts += np.frombuffer(r["counts"], dtype=np.int64).reshape(dim, size)
     return exact_counts
 
 
 def octave_counts(raw, dim: int) -> np.ndarray:
-    from pyspark.sql import functions as F
-
-    return _histograms(raw, [bounds.octave_column(F.col(f"__f{j}")) for j in range(dim)], dim, bounds.OCTAVE_BINS)
+    return _histograms(raw, bounds.octave_index, dim, bounds.OCTAVE_BINS)
 
 
 def dyadic_counts(raw, box: Domain, levels: int) -> np.ndarray:
-    from pyspark.sql import functions as F
+    return _histograms(raw, _DyadicRule(box, levels), box.dim, 1 << levels)
 
-    units = box.unit_columns([F.col(f"__f{j}") for j in range(box.dim)])
-    return _histograms(raw, [bounds.dyadic_column(u, levels) for u in units], box.dim, 1 << levels)
+
+class _DyadicRule:
+    """The finest dyadic bin of each value clipped into ``box`` (``Domain.clip_to_unit``, then
+    ``bounds.dyadic_index``): a picklable callable for the executors."""
+
+    def __init__(self, box: Domain, levels: int):
+        self.box = box
+        self.levels = levels
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return bounds.dyadic_index(self.box.clip_to_unit(x), self.levels)

@@ -59,6 +59,36 @@ def test_spark_bins_equal_the_numpy_rule(spark):
     assert rows["t"].tolist() == bounds.dyadic_index(box.clip_to_unit(x.reshape(-1, 1))[:, 0]).tolist()
 
 
+def test_the_spark_pass_counts_exactly_what_the_numpy_rules_count(spark):
+    """The estimate's passes (one mapInArrow job each: a numpy bincount per partition, summed on the
+    driver) give the numpy rules' histograms exactly: hostile values (octave edges included, which
+    Spark's own log2 would round), rows with an invalid feature dropped, more partitions than rows
+    (empty ones give zeros)."""
+    from dpspark import tables
+    from dpspark.estimated_domain import dyadic_counts, octave_counts
+
+    rng = np.random.default_rng(4806)
+    edges = [2.0 ** e for e in range(-40, 130, 7)] + [-(2.0 ** e) for e in range(-40, 130, 11)]
+    col0 = np.concatenate([EXTREMES, edges, rng.standard_cauchy(300) * 10.0 ** rng.integers(-20, 20, 300)])
+    col1 = rng.permutation(col0)
+    valid = pd.DataFrame({"x": col0, "y": col1})
+    hostile = pd.DataFrame({"x": [np.nan, 1.0, np.inf], "y": [2.0, -np.inf, 3.0]})
+    df = spark.createDataFrame(pd.concat([valid, hostile], ignore_index=True)).repartition(7)
+    raw, _ = tables.prepare_raw(df, ("x", "y"), None, 2, "test")
+    x = valid.to_numpy()
+    box = Domain(2, (-50.0, -1e6), (70.0, 1e300))
+    octaves = octave_counts(raw, 2)
+    assert octaves.dtype == np.int64 and octaves.shape == (2, bounds.OCTAVE_BINS)
+    assert np.array_equal(octaves, np.stack([np.bincount(bounds.octave_index(x[:, j]), minlength=bounds.OCTAVE_BINS)
+                                             for j in range(2)]))
+    dyadic = dyadic_counts(raw, box, 10)
+    u = box.clip_to_unit(x)
+    assert np.array_equal(dyadic, np.stack([np.bincount(bounds.dyadic_index(u[:, j], 10), minlength=1024) for j in range(2)]))
+    assert octaves.sum() == dyadic.sum() == 2 * x.shape[0]
+    empty = octave_counts(raw.limit(0), 2)
+    assert empty.shape == (2, bounds.OCTAVE_BINS) and empty.sum() == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Sensitivity and privacy map (OpenDP style: the map of the stated input distance)
 
