@@ -220,7 +220,7 @@ class MaxCover:
         (NOT private; all cells, L1 sensitivity 1, charged budget["zoom"]), then the grid half public,
         half on the occupied cells of the level the noisy counts and the released ``noisy_rows`` choose
         (``candidates.zoomed_grid``, post-processing). Returns (unit-space candidates, info, which
-        candidates lie outside the occupied cells or None without a zoom level)."""
+        candidates lie outside the level's sure cells, or None without a zoom level)."""
         eps_zoom = budget["zoom"][0]
         noisy_counts = cand_mod.release_coarse(exact_coarse, eps_zoom, accountant)
         unit, info, level = cand_mod.zoomed_grid(noisy_counts, noisy_rows, self.domain.dim, params.candidate_count,
@@ -332,7 +332,7 @@ class MaxCover:
         """(params, budget, choice info) of the run: for ``grid_or_private`` the row count is released first
         and chooses the mode (``choose_by_count``). ``exact_histogram()`` (the exact coarse histogram of
         ``candidates.coarse_histogram``, one Spark pass; NOT private) is called only then: its sum is the row
-        count; the grid branch releases the histogram itself later (``_candidates``)."""
+        count; the grid branch releases the histogram itself later (``zoomed_candidates``)."""
         epsilon, delta = float(self.epsilon), float(self.delta)
         if params.candidates != "grid_or_private":
             return params, budget_split(epsilon, delta, params), {}
