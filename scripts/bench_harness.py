@@ -334,6 +334,9 @@ def run_process(cmd: list[str], log_dir: Path, env: dict, timeout: float | None,
         except (ProcessLookupError, PermissionError):
             pass
         reader.join(timeout=30)
+    # a line the child wrote before it exited can reach the reader thread after proc.wait() returned:
+    # its arrival time is then later than the exit, never its real time
+    marks = {name: min(t, wall) for name, t in marks.items()}
     return {"wall": wall, "exit_code": code, "timed_out": timed_out, "stdout": out_path.read_text(errors="replace"),
             "stderr": err_path.read_text(errors="replace"), "py_peak_mb": mem.py_kb / 1024,
             "jvm_peak_mb": mem.jvm_kb / 1024 if mem.jvm_kb else float("nan"), "tree_peak_mb": mem.tree_kb / 1024,
