@@ -292,7 +292,7 @@ def check_connect_server(spark) -> None:
 
 # What dpspark's passes import in a Spark Python worker (docs/cluster.md, "What the executors need").
 WORKER_MODULES = ("numpy", "pandas", "pyarrow", "dpspark", "dpspark.maxcover.kernels", "dpspark.steps.lloyd_kernels",
-                  "dpspark.ldp.client")
+                  "dpspark.ldp.client", "dpspark.estimated_domain")  # the last: the bounds estimate's pass
 _CANNOT_RUN = re.compile(r'Cannot run program "([^"]*)"(?:[^:\n]*: error=\d+, ([^\n)]*))?')
 _NO_MODULE = re.compile(r"No module named '([^']+)'")
 _VERSION_MISMATCH = re.compile(r"(Python in worker has different version[^\n]*)")
