@@ -448,10 +448,11 @@ class Attempt:
 
 def cancel_jobs(spark) -> None:
     """Stop the Spark work of a killed run: the SparkContext's jobs, or on Spark Connect every request
-    of this session under way (``interruptAll``). Never raises."""
+    of this session under way (``interruptAll``; how many, in the operator record). Never raises."""
     try:
         if is_connect(spark):
-            spark.interruptAll()
+            interrupted = spark.interruptAll()
+            operator_log.info("interrupted %d Spark Connect operation(s) of this session", len(interrupted or ()))
         else:
             spark.sparkContext.cancelAllJobs()
     except Exception:
@@ -570,13 +571,7 @@ def operator_record_path(run_id: str, attempt: int, base: str | None = None) -> 
 
 
 def _exists(spark, path: str) -> bool:
-    local = tables.local_path(path)
-    if local is not None:
-        return os.path.exists(local)
-    tables.require_local_small_file(spark, path)  # Spark Connect: local paths only
-    jvm = spark.sparkContext._jvm
-    hpath = jvm.org.apache.hadoop.fs.Path(path)
-    return bool(hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hpath))
+    return tables.small_file_kind(spark, path) != "missing"
 
 
 def write_operator_record(spark, run_id: str, attempt: int, payload: dict) -> str | None:

@@ -16,9 +16,10 @@ Writing: ``centers/`` and ``runs/`` Delta tables, written idempotently per run i
 On a Spark Connect session (``dpspark.session.is_connect``) the client has no JVM: tables are read,
 written and inspected through DataFrames and SQL (``DESCRIBE DETAIL``, ``DESCRIBE HISTORY``,
 ``DELETE``) on the server, which resolves every table path (a relative path is made absolute by
-the client, ``qualify``). The small files are written by the client itself, so ``output.path``
-must be a LOCAL path that the client and the server see as the same place (one host, or a shared
-mount): a remote URI there is refused before any charge (``check_output_location``). A non-Delta
+the client, ``qualify``). The small files go where ``output.path`` is: at a local path the client
+writes them itself (the client and the server then see the same place: one host, or a shared
+mount); at a remote URI (``s3a://...``) the server's JVM writes them, through small Java functions
+in dpspark's jar (``_on_server``; no disk shared with the client). A non-Delta
 table's ledger key is Hadoop's qualified path, which only a classic session can compute:
 ``ledger_key_of`` refuses one on Spark Connect.
 """
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from dpspark import localdelta
 from dpspark.delta_sql import not_a_table, sql_string, table_name
-from dpspark.errors import ColumnError, ConfigError, DPSparkError, SchemaError
+from dpspark.errors import ColumnError, DPSparkError, SchemaError
 from dpspark.localdelta import local_path
 from dpspark.privacy.bounding import bound_contributions
 from dpspark.privacy.domain import Domain
@@ -456,18 +457,66 @@ def _local(path: str) -> str:
     return path[len("file:"):] if path.startswith("file:") else path
 
 
-def require_local_small_file(spark, path: str) -> None:
-    """A small file at a remote URI (``path``) needs Hadoop's FileSystem in the driver: ``DPSparkError``
-    on Spark Connect, nothing on a classic session."""
+# The server-side small-file functions (dpspark/java/io/dpspark/io/SmallFiles.java, in the jar a
+# Connect server loads for the ledger): name -> (Java class, return type).
+SERVER_FILE_FUNCTIONS = {
+    "write": ("dpspark_small_file_write", "io.dpspark.io.SmallFiles$Write", "string"),
+    "delete": ("dpspark_small_file_delete", "io.dpspark.io.SmallFiles$Delete", "boolean"),
+    "kind": ("dpspark_small_file_kind", "io.dpspark.io.SmallFiles$Kind", "string"),
+}
+SERVER_JAR_HINT = ("start the Spark Connect server with --jars dpspark/jars/dpspark-logstore.jar (docs/cluster.md): "
+                   "dpspark's small-file functions run there")
+
+
+def _on_server(spark, op: str, path: str, data: bytes | None = None):
+    """A small-file call at a remote URI from a Spark Connect client, done by the SERVER's JVM: the
+    function of ``SERVER_FILE_FUNCTIONS[op]``, registered once per session, evaluated on a one-row
+    local relation (``path``, and for "write" the bytes the client holds: released values, public
+    parameters, the operator's record). The server's Hadoop settings give the store's access, as for
+    its own table writes. ``DPSparkError`` naming the fix when the server lacks dpspark's jar."""
+    from pyspark.sql import functions as F
+
+    name, java_class, returns = SERVER_FILE_FUNCTIONS[op]
+    verb = {"write": "write", "delete": "remove", "kind": "inspect"}[op]
+    registered = spark.__dict__.setdefault("_dpspark_file_functions", set())
+    if name not in registered:
+        try:
+            spark.udf.registerJavaFunction(name, java_class, returns)
+        except Exception as exc:
+            raise DPSparkError(f"cannot {verb} {path!r} from this Spark Connect client: the server cannot load "
+                               f"{java_class} ({_first_line(exc)[:200]}); {SERVER_JAR_HINT}") from None
+        registered.add(name)
+    if op == "write":
+        row = spark.createDataFrame([(path, bytearray(data))], "path STRING, data BINARY")
+        call = F.call_function(name, F.col("path"), F.col("data"))
+    else:
+        row = spark.createDataFrame([(path,)], "path STRING")
+        call = F.call_function(name, F.col("path"))
+    try:
+        return row.select(call.alias("result")).first()["result"]
+    except Exception as exc:
+        raise DPSparkError(f"cannot {verb} {path!r} through the Spark Connect server: {_first_line(exc)[:500]}") from None
+
+
+def small_file_kind(spark, path: str) -> str:
+    """"missing", "file" or "directory" at ``path``: locally, through Hadoop's FileSystem on a classic
+    session, or asked of the server on Spark Connect (``_on_server``)."""
+    if _is_local(path):
+        local = _local(path)
+        return "directory" if os.path.isdir(local) else "file" if os.path.exists(local) else "missing"
     if is_connect(spark):
-        raise DPSparkError(f"cannot read, write or remove {path!r} from a Spark Connect client: dpspark writes its small files "
-                           f"(summary.json, the report, operator records) itself, at local paths only (a folder the "
-                           f"client and the server share); use a classic session for remote URIs")
+        return _on_server(spark, "kind", path)
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(hpath):
+        return "missing"
+    return "directory" if fs.getFileStatus(hpath).isDirectory() else "file"
 
 
 def write_bytes(spark, path: str, data: bytes) -> None:
-    """Write a small file atomically (temp file + rename), locally or through Hadoop's FileSystem
-    (a classic session only: see the module docstring)."""
+    """Write a small file in one step: locally a temp file + rename; at a remote URI through Hadoop's
+    FileSystem (a classic session's driver) or the server's (Spark Connect: ``_on_server``)."""
     if _is_local(path):
         path = _local(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -477,7 +526,9 @@ def write_bytes(spark, path: str, data: bytes) -> None:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
         return
-    require_local_small_file(spark, path)
+    if is_connect(spark):
+        _on_server(spark, "write", path, data)
+        return
     jvm = spark.sparkContext._jvm
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     target = jvm.org.apache.hadoop.fs.Path(path)
@@ -497,7 +548,9 @@ def delete_file(spark, path: str) -> None:
         except FileNotFoundError:
             pass
         return
-    require_local_small_file(spark, path)
+    if is_connect(spark):
+        _on_server(spark, "delete", path)
+        return
     jvm = spark.sparkContext._jvm
     target = jvm.org.apache.hadoop.fs.Path(path)
     target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(target, False)
@@ -690,10 +743,10 @@ def _numbered(rows: list[dict]) -> list[dict]:
 def check_output_location(spark, path: str, key: str = "output.path", delta_only: bool = False) -> None:
     """Before any charge: the output location must be a directory or creatable (not a file).
 
-    On Spark Connect a remote URI cannot be checked (no Hadoop on the client): with ``delta_only``
-    (a location that holds Delta tables only, the ledger) it is left to the server's Delta; else
-    (``output.path``: summary.json and the report are written by the client) it is refused with a
-    ``ConfigError`` naming ``key``."""
+    On Spark Connect a remote URI is checked by the server (``small_file_kind``: this also shows,
+    before any charge, that the server can write the small files, i.e. has dpspark's jar), except
+    with ``delta_only`` (a location that holds Delta tables only, the ledger): left to the server's
+    Delta there."""
     local = local_path(path)
     if local is not None:
         probe = os.path.abspath(local)
@@ -709,14 +762,7 @@ def check_output_location(spark, path: str, key: str = "output.path", delta_only
         if not os.access(probe, os.W_OK):
             raise SchemaError(f"{key}={path!r} is not writable ({probe!r} is read-only)")
         return
-    if is_connect(spark):
-        if delta_only:
-            return
-        raise ConfigError(key, f"{path!r} is a remote URI: on a Spark Connect session dpspark writes summary.json and the "
-                               f"report from the client, so {key} must be a local path (one the client and the server "
-                               f"share); use a classic session for a remote {key}")
-    jvm = spark.sparkContext._jvm
-    hpath = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if fs.exists(hpath) and not fs.getFileStatus(hpath).isDirectory():
+    if is_connect(spark) and delta_only:
+        return
+    if small_file_kind(spark, path) == "file":
         raise SchemaError(f"{key}={path!r} is a file, not a directory")

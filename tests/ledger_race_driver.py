@@ -1,4 +1,5 @@
-"""One driver of the ledger race in tests/test_object_store.py: a separate process with its own JVM.
+"""One driver of the ledger race in tests/test_object_store.py: a separate process with its own JVM
+(or, with ``--remote``, a Spark Connect client of tests/test_connect.py's server: no JVM of its own).
 
 For each ledger given (one per round) it says it is ready (a file ``ready-<round>-<name>`` in
 ``--sync``), waits for ``go-<round>``, then charges epsilon 1 and prints one JSON line:
@@ -26,6 +27,7 @@ def main() -> int:
     parser.add_argument("--sync", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--key", required=True)
+    parser.add_argument("--remote", default=None, help="a Spark Connect server (sc://...): a thin client, no JVM")
     args = parser.parse_args()
 
     from dpspark.errors import BudgetRefused
@@ -36,8 +38,12 @@ def main() -> int:
             "spark.hadoop.fs.s3a.connection.ssl.enabled": "false", "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
             "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
             "spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1"}
-    spark = build_session(master="local[1]", app_name=f"race-{args.name}", conf=conf, testing=True,
-                          object_store=True, small_job=True)
+    if args.remote:  # the server has its own store settings: tests/test_connect.py
+        os.environ["DPSPARK_REMOTE"] = args.remote
+        spark = build_session(app_name=f"race-{args.name}")
+    else:
+        spark = build_session(master="local[1]", app_name=f"race-{args.name}", conf=conf, testing=True,
+                              object_store=True, small_job=True)
     ledgers = [Ledger(spark, path) for path in args.ledgers.split(",")]
     for ledger in ledgers:  # warm: the JVM, the S3 client, each ledger's snapshot
         ledger.totals(args.key)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dpspark import tables
 from dpspark.errors import BudgetRefused
 from dpspark.privacy.ledger import SINGLE_WRITER_ENV, Ledger, commit_exclusion
 from dpspark.session import EXCLUSIVE_LOG_STORE, LOG_STORE_JAR
@@ -25,15 +26,48 @@ from s3mock import read_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "dpspark" / "java" / "io" / "dpspark" / "delta" / "ExclusiveCreateLogStore.java"
+SMALL_FILES_SOURCE = ROOT / "dpspark" / "java" / "io" / "dpspark" / "io" / "SmallFiles.java"
 
 
 def test_the_log_store_jar_is_built_from_its_source():
-    """dpspark/jars/dpspark-logstore.jar records the SHA-256 of the source it was built from
+    """dpspark/jars/dpspark-logstore.jar records the SHA-256 of each source it was built from
     (scripts/build_logstore.sh): a changed source without a rebuilt jar fails here."""
     with zipfile.ZipFile(LOG_STORE_JAR) as jar:
         recorded = jar.read("META-INF/dpspark-logstore.sha256").decode().strip()
+        recorded_files = jar.read("META-INF/dpspark-smallfiles.sha256").decode().strip()
         assert "io/dpspark/delta/ExclusiveCreateLogStore.class" in jar.namelist()
+        assert {"io/dpspark/io/SmallFiles$Write.class", "io/dpspark/io/SmallFiles$Delete.class",
+                "io/dpspark/io/SmallFiles$Kind.class"} <= set(jar.namelist())
     assert recorded == hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+    assert recorded_files == hashlib.sha256(SMALL_FILES_SOURCE.read_bytes()).hexdigest()
+
+
+def test_the_servers_small_file_functions_write_inspect_and_remove(spark, s3, tmp_path):
+    """What a Spark Connect client asks of the server's JVM (tables._on_server, here on the classic
+    session, whose JVM has the same jar): bytes arrive exactly (binary, overwritten in place), kinds
+    and removal are reported, on s3a and on a local disk; a server without the jar is named."""
+    from dpspark.errors import DPSparkError
+
+    for base in ("s3a://lake/small-files", "file:" + str(tmp_path / "small-files")):
+        target = base + "/sub/report.png"
+        assert tables._on_server(spark, "kind", target) == "missing"
+        tables._on_server(spark, "write", target, b"\x89PNG\x00\xff" * 1000)
+        assert tables._on_server(spark, "kind", target) == "file"
+        assert tables._on_server(spark, "kind", base + "/sub") == "directory"
+        tables._on_server(spark, "write", target, b"second")
+        data = spark.read.format("binaryFile").load(target).first()["content"]
+        assert bytes(data) == b"second"
+        assert tables._on_server(spark, "delete", target) is True
+        assert tables._on_server(spark, "kind", target) == "missing"
+        assert tables._on_server(spark, "delete", target) is False
+    missing = dict(tables.SERVER_FILE_FUNCTIONS, kind=("dpspark_no_such_kind", "io.dpspark.io.NoSuchClass", "string"))
+    try:
+        tables.SERVER_FILE_FUNCTIONS, saved = missing, tables.SERVER_FILE_FUNCTIONS
+        with pytest.raises(DPSparkError, match=r"cannot load io\.dpspark\.io\.NoSuchClass .*; start the Spark "
+                                               r"Connect server with --jars dpspark/jars/dpspark-logstore\.jar"):
+            tables._on_server(spark, "kind", "s3a://lake/small-files/x")
+    finally:
+        tables.SERVER_FILE_FUNCTIONS = saved
 
 
 class _Conf:
