@@ -102,6 +102,9 @@ class AlgorithmConfig:
 class OutputConfig:
     path: str
     report: bool = True
+    # a catalog name: the run's centers/ and runs/ are registered as <table>_centers, <table>_runs
+    # (external Delta tables at their locations under path: dpspark.catalog)
+    table: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,8 +171,8 @@ def read_yaml(path: str) -> dict:
 # must stay a string). ``null`` or an empty value unsets the key.
 TEXT_KEYS = frozenset({
     "input.path", "input.table", "input.where", "input.timestamp", "input.privacy_unit", "input.format",
-    "output.path", "privacy.ledger", "spark.master", "spark.app_name", "algorithm.name", "algorithm.objective",
-    "algorithm.candidate_table", "algorithm.protocol_path", "algorithm.reports_path",
+    "output.path", "output.table", "privacy.ledger", "spark.master", "spark.app_name", "algorithm.name",
+    "algorithm.objective", "algorithm.candidate_table", "algorithm.protocol_path", "algorithm.reports_path",
 })
 
 
@@ -334,9 +337,7 @@ def validate(raw: dict) -> Config:
     inp = Section("input", raw["input"], ("path", "format", "features", "privacy_unit", "version", "timestamp", "where", "table"))
     if inp.has("path") == inp.has("table"):
         raise ConfigError("input.path", "give exactly one of input.path (a table location) and input.table (a catalog table name)")
-    table = inp.string("table")
-    if table is not None and not TABLE_NAME.match(table):
-        raise ConfigError("input.table", f"{table!r} is not a table name (name, db.name or catalog.db.name)")
+    table = _table_name(inp, "table")
     input_cfg = InputConfig(
         path=inp.string("path"),
         format=inp.string("format", "delta", choices=FORMATS),
@@ -411,8 +412,9 @@ def validate(raw: dict) -> Config:
                                          "write the selected rows to a table of their own with its own budget, or use "
                                          "a central family (auto, maxcover, dplloyd)")
 
-    out = Section("output", raw["output"], ("path", "report"))
-    output_cfg = OutputConfig(path=out.string("path", required=True), report=out.boolean("report", True))
+    out = Section("output", raw["output"], ("path", "report", "table"))
+    output_cfg = OutputConfig(path=out.string("path", required=True), report=out.boolean("report", True),
+                              table=_table_name(out, "table"))
 
     seed = top.integer("seed", None, low=0, high=2**63 - 1)
     unsafe_fixed_seed = top.boolean("unsafe_fixed_seed", False)
@@ -457,6 +459,14 @@ def validate(raw: dict) -> Config:
                     unsafe_fixed_seed=unsafe_fixed_seed)
     _check_plan(config)
     return config
+
+
+def _table_name(section: Section, k: str) -> str | None:
+    """A catalog table name (``input.table``, ``output.table``): name, db.name or catalog.db.name."""
+    name = section.string(k)
+    if name is not None and not TABLE_NAME.match(name):
+        raise ConfigError(section.key(k), f"{name!r} is not a table name (name, db.name or catalog.db.name)")
+    return name
 
 
 def _check_plan(config: Config) -> None:

@@ -32,11 +32,11 @@ shows none of them (dpspark.progress), and an error that is not dpspark's own, o
 started, reaches the analyst as ``RunFailed`` naming its type only (dpspark.errors.for_the_analyst).
 
 On a Spark Connect session (``dpspark.session.is_connect``) the attempt is the same, with these
-differences, all decided before any charge: ``output.path`` must be a local path (the client
-writes summary.json and the report; a remote URI is a ``ConfigError`` naming output.path); with a
-ledger the input must be a Delta table (a parquet/csv folder's ledger key is its Hadoop-qualified
-path: a ``ConfigError`` naming input.format); no Python-worker warm-up (the server's workers are its
-own); a killed attempt interrupts its requests (``interruptAll``) instead of cancelling the
+differences, all decided before any charge: at a remote ``output.path`` (``s3a://``) the server
+writes the small files too (``tables.write_bytes``: dpspark's jar on the server, checked in the
+pre-flight); with a ledger the input must be a Delta table (a parquet/csv folder's ledger key is
+its Hadoop-qualified path: a ``ConfigError`` naming input.format); no Python-worker warm-up (the
+server's workers are its own); a killed attempt interrupts its requests (``interruptAll``) instead of cancelling the
 SparkContext's jobs. The ledger is the same Delta table, charged by the same UPDATE.
 """
 
@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from dpspark import __version__, tables
+from dpspark import __version__, catalog, tables
 # The lifecycle of an attempt, and the operator log's records: dpspark.attempt (re-exported here for
 # the scripts and tests that read them through the runner).
 from dpspark.attempt import (RUNNING_ROW_STEP, WAIT_RUNNING_ROW_STEP, Attempt, Awaiting,  # noqa: F401
@@ -134,6 +134,7 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
     # Pre-flight: nothing is written, no data is read.
     with step("pre-flight checks", timings):
         tables.check_output_location(spark, config.output.path)
+        catalog.check_output_tables(spark, config.output.table, paths)  # output.table: names free or already ours
         if config.privacy.ledger:
             ledger_path = tables.qualify(config.privacy.ledger)
             tables.check_output_location(spark, ledger_path, "privacy.ledger", delta_only=True)
@@ -229,7 +230,8 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
         "accounting": "ledger" if a.ledger is not None else "unaccounted",
         "randomness": randomness.describe(),
         "degenerate": degenerate,
-        "outputs": _listed_outputs(paths, run_id, attempt, config.output.report),
+        "outputs": {**_listed_outputs(paths, run_id, attempt, config.output.report),
+                    **catalog.listed_outputs(config.output.table)},
         # when the release was made (UTC; runs/ has the attempt's start and end times too)
         "released_at": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
     }
@@ -251,6 +253,9 @@ def _attempt(a: Attempt, config, paths: dict, randomness: Randomness, force: boo
                          else _render_report(_report_info(summary, timings, diagnostics, config, table.version)))
             tables.write_bytes(spark, paths["report"], png)
             tables.write_bytes(spark, paths["report_html"], page)
+    if config.output.table:  # centers/ and runs/ exist now: their catalog names, before the summaries list them
+        with step("register output.table", timings):
+            catalog.register_output_tables(spark, config.output.table, paths)
     if diagnostics is not None:
         summary["non_private_timings"] = _phase_timings(timings, config.algorithm.name)
 

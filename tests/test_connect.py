@@ -8,7 +8,8 @@ with a relative PYSPARK_PYTHON, shows a server whose workers cannot start charge
 and a second one over the cap is refused; ``dpspark run`` with a ledger writes centers, runs and
 summary.json; the lineage check of a Connect DataFrame accepts a plain read of ledgerInput and
 plain selections (and VectorAssembler with handleInvalid='skip') and refuses the rest, before any
-charge; a remote output.path and a parquet input with a ledger are refused before the charge.
+charge; a parquet input with a ledger is refused before the charge; with output.path, the ledger
+and the operator log on the local S3 (no disk shared with the client) every output is written there.
 
 The classic suite shares one local SparkSession in this process: pyspark decides between its
 classic and Connect code paths by ``$SPARK_CONNECT_MODE_ENABLED``, which is set only while this
@@ -74,18 +75,20 @@ def documented_connect_commands() -> list[str]:
     return command_lines(body)
 
 
-def _start_server(port: int, log_path: str, python: str = DOC_PYTHON) -> subprocess.Popen:
+def _start_server(port: int, log_path: str, python: str = DOC_PYTHON, extra_conf: dict | None = None) -> subprocess.Popen:
     """A local Spark Connect server with Delta Lake (what a deployment runs, on one machine): docs/cluster.md's
     command as written, run by bash from a scratch copy of the project root (symlinks to its .venv, .cache
     and dpspark/: the server writes spark-warehouse/ into its working directory), with the port replaced,
-    ``python`` in place of its PYSPARK_PYTHON setting and TEST_ONLY_CONF added. Its own process group."""
+    ``python`` in place of its PYSPARK_PYTHON setting and TEST_ONLY_CONF (and ``extra_conf``: the local
+    S3's settings, as a deployment gives its store's) added. Its own process group."""
     from dpspark import session
 
     server = documented_connect_commands()[0]
     assert server.count(DOC_PORT) == 1 and server.count(DOC_PYTHON) == 1, server
     server = server.replace(DOC_PORT, f"spark.connect.grpc.binding.port={port}").replace(DOC_PYTHON, python)
     conf = {**TEST_ONLY_CONF, "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={session.SPARK_LOG_CONFIG} "
-                                                               + session.SMALL_JOB_JAVA_OPTIONS}
+                                                               + session.SMALL_JOB_JAVA_OPTIONS,
+            **(extra_conf or {})}
     server += "".join(f" --conf {shlex.quote(f'{key}={value}')}" for key, value in conf.items())
     scratch = os.path.dirname(log_path)
     for name in (".venv", ".cache", "dpspark"):
@@ -126,21 +129,45 @@ def _stop(server: subprocess.Popen) -> None:
             pass
 
 
+SERVER: dict = {}  # the module server's "url", for client processes
+
+
+def _client_env() -> dict:
+    """The environment of a client process of the module's server: a thin client (no JVM of its own)."""
+    env = {k: v for k, v in os.environ.items() if k not in _ENV and k not in (
+        "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "DPSPARK_LEDGER", "DPSPARK_OPERATOR_LOG")}
+    env["DPSPARK_REMOTE"] = SERVER["url"]
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return env
+
+
+def s3_server_conf(s3) -> dict:
+    """What a deployment gives a Connect server for s3a:// (docs/object-store.md): the S3A connector's
+    JARs, dpspark's log store for s3a, the endpoint and credentials (here the local S3's)."""
+    from s3mock import connector_class_path
+    from dpspark.session import EXCLUSIVE_LOG_STORE
+
+    return {"spark.driver.extraClassPath": os.pathsep.join(connector_class_path()),
+            "spark.delta.logStore.s3a.impl": EXCLUSIVE_LOG_STORE, **s3.spark_conf(),
+            "spark.hadoop.fs.s3a.access.key": "testing", "spark.hadoop.fs.s3a.secret.key": "testing"}
+
+
 @pytest.fixture(scope="module")
-def connect(tmp_path_factory):
-    """A Spark Connect session to a local server started for this module."""
+def connect(tmp_path_factory, s3):
+    """A Spark Connect session to a local server started for this module (which also reaches the
+    local S3 of ``s3``: bucket ``lake``)."""
     from dpspark.session import build_session, is_connect
 
     base = tmp_path_factory.mktemp("connect-server")
     port = _free_port()
     log_path = str(base / "server.log")
     saved = {name: os.environ.get(name) for name in _ENV}
-    server = _start_server(port, log_path)
+    server = _start_server(port, log_path, extra_conf=s3_server_conf(s3))
     session = None
     try:
         _wait_for(server, port, log_path)
         os.environ.pop("SPARK_REMOTE", None)
-        os.environ["DPSPARK_REMOTE"] = f"sc://127.0.0.1:{port}"
+        os.environ["DPSPARK_REMOTE"] = SERVER["url"] = f"sc://127.0.0.1:{port}"
         session = build_session(app_name="dpspark-connect-tests")  # from $DPSPARK_REMOTE
         os.environ.pop("DPSPARK_REMOTE")  # the CLI below is given the session
         assert is_connect(session)
@@ -453,15 +480,85 @@ def test_a_table_replaced_between_the_check_and_the_fit_releases_nothing(connect
     assert Ledger(connect, ledger_path).totals(key).spent_epsilon == pytest.approx(1.0)  # charged before the fit
 
 
+def _s3_objects(s3, prefix: str) -> dict:
+    """{key: bytes} of every object under ``prefix`` in the local S3's bucket ``lake`` (read with boto3,
+    not through Spark: what any reader of the bucket sees)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1")
+    found = client.list_objects_v2(Bucket="lake", Prefix=prefix).get("Contents", [])
+    return {o["Key"]: client.get_object(Bucket="lake", Key=o["Key"])["Body"].read() for o in found}
+
+
+def test_cli_run_with_every_path_on_s3a_writes_every_output_there(connect, data, s3, tmp_path, capsys, monkeypatch):
+    """Issue 54, item 1: no disk shared by the client and the server. output.path, the ledger and the
+    operator log on s3a://; the server writes the centers and runs tables and, through dpspark's jar
+    (tables._on_server), summary.json, the per-run and per-attempt summaries, report.png, report.html
+    and the operator record, each whole at its usual key. Before this, output.path on s3a was refused
+    on Connect (exit 2)."""
+    from dpspark.attempt import read_operator_record
+    from dpspark.cli import main
+
+    ledger_path, out = "s3a://lake/connect/ledger", "s3a://lake/connect/out"
+    monkeypatch.setenv("DPSPARK_OPERATOR_LOG", "s3a://lake/connect/operator")
+    assert main(["ledger", "set-budget", "--ledger", ledger_path, "--input", data.table, "--epsilon", "3",
+                 "--delta", "0"], spark=connect) == 0
+    capsys.readouterr()
+    cfg = _config(tmp_path, data.table, ledger_path, **{"output.path": out})
+    assert main(["run", "--config", cfg, "--run-id", "s3run", "--json"], spark=connect) == 0
+    outcome = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (outcome["status"], outcome["epsilon_spent"]) == ("succeeded", 1.0), outcome
+    objects = _s3_objects(s3, "connect/")
+    summary = json.loads(objects["connect/out/summary.json"])
+    assert summary["run_id"] == "s3run" and len(summary["centers"]) == 3 and summary["accounting"] == "ledger"
+    assert json.loads(objects["connect/out/summary/s3run.json"]) == summary
+    assert json.loads(objects["connect/out/summary/s3run/1.json"]) == summary
+    assert set(summary["outputs"].values()) >= {out + "/summary.json", out + "/report.png", out + "/report.html"}
+    assert objects["connect/out/report.png"].startswith(b"\x89PNG\r\n\x1a\n")
+    assert b"<html" in objects["connect/out/report.html"][:400].lower()
+    small = [k for k in objects if k.startswith(("connect/out/", "connect/operator/"))
+             and not k.startswith(("connect/out/centers/", "connect/out/runs/"))]
+    assert sorted(small) == ["connect/operator/s3run/attempt-1.json", "connect/out/report.html", "connect/out/report.png",
+                             "connect/out/summary.json", "connect/out/summary/s3run.json",
+                             "connect/out/summary/s3run/1.json"]  # nothing half-written or extra
+    centers = connect.read.format("delta").load(out + "/centers").collect()
+    assert sorted(r.cluster_id for r in centers) == [0, 1, 2]
+    runs = connect.read.format("delta").load(out + "/runs").collect()
+    assert [(r.run_id, r.status) for r in runs] == [("s3run", "succeeded")]
+    record = json.loads(objects["connect/operator/s3run/attempt-1.json"])
+    assert record["status"] == "succeeded" and read_operator_record(connect, "s3run", 1) == record
+    assert Ledger(connect, ledger_path).totals(data.key).spent_epsilon == pytest.approx(1.0)
+    # A second release of the same run id (--force): summary.json replaced in place, attempt 2 beside it.
+    assert main(["run", "--config", cfg, "--run-id", "s3run", "--force", "--json"], spark=connect) == 0
+    capsys.readouterr()
+    objects = _s3_objects(s3, "connect/out/summary")
+    assert json.loads(objects["connect/out/summary.json"])["attempt"] == 2
+    assert json.loads(objects["connect/out/summary/s3run/1.json"])["attempt"] == 1
+
+
+def test_a_server_without_dpsparks_jar_refuses_a_remote_output_before_the_charge(connect, data, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """The small-file functions are looked for in the pre-flight (the output location's check): a
+    server that cannot load them ends the run there (exit 1) with the flag that fixes it, nothing charged."""
+    from dpspark.cli import main
+
+    ledger_path = str(tmp_path / "ledger")
+    Ledger(connect, ledger_path).set_budget(data.key, 3.0, 0.0)
+    monkeypatch.setitem(tables.SERVER_FILE_FUNCTIONS, "kind",
+                        ("dpspark_kind_missing", "io.dpspark.io.NotOnThisServer", "string"))
+    remote = _config(tmp_path, data.table, ledger_path, **{"output.path": "s3a://lake/connect/no-jar"})
+    assert main(["run", "--config", remote, "--run-id", "r1"], spark=connect) == 1
+    err = capsys.readouterr().err
+    assert "--jars dpspark/jars/dpspark-logstore.jar" in err and "io.dpspark.io.NotOnThisServer" in err, err
+    assert Ledger(connect, ledger_path).totals(data.key).spent_epsilon == 0.0
+    assert Ledger(connect, ledger_path).runs() == []
+
+
 def test_what_needs_a_classic_session_is_refused_before_the_charge(connect, data, tmp_path, capsys):
     from dpspark.cli import main
 
     ledger_path = str(tmp_path / "ledger")
     Ledger(connect, ledger_path).set_budget(data.key, 3.0, 0.0)
-    # A remote output.path: the client writes summary.json and the report itself.
-    remote = _config(tmp_path, data.table, ledger_path, **{"output.path": "s3a://dpspark-outputs/out"})
-    assert main(["run", "--config", remote, "--run-id", "r1"], spark=connect) == 2
-    assert "output.path" in capsys.readouterr().err
     # A parquet input with a ledger: its ledger key is a Hadoop-qualified path.
     parquet = str(tmp_path / "points.parquet")
     connect.createDataFrame(data.pdf).write.parquet(parquet)
@@ -475,3 +572,207 @@ def test_what_needs_a_classic_session_is_refused_before_the_charge(connect, data
     ledger = Ledger(connect, ledger_path)
     assert ledger.totals(data.key).spent_epsilon == 0.0
     assert ledger.runs() == []  # no started, charged or refused event
+
+
+# ---------------------------------------------------------------------------------------------
+# ldp's rounds, a killed run and racing clients (issue 54, item 5)
+
+
+def test_ldp_rounds_on_connect_release_what_the_simulation_releases(connect, data, tmp_path, capsys):
+    """ldp on a Connect session, both modes through the command line: a simulated run (the server's
+    Python workers play the clients), then the ingest walk (``dpspark advance`` publishes each round,
+    the users' reports arrive as tables, ``dpspark run`` releases) gives the same centers and weights
+    for the same reports, and the ledger holds one local-guarantee charge of each release."""
+    from dpspark.cli import main
+    from dpspark.ldp import client
+    from dpspark.ldp import spark as ldp_spark
+    from dpspark.privacy.randomness import Randomness
+
+    ledger_path = str(tmp_path / "ledger")
+    Ledger(connect, ledger_path).set_budget(data.key, 10.0, 0.0, guarantee="local")
+
+    def config(name, **algorithm):
+        cfg = {"input": {"path": data.table, "features": ["x", "y"], "privacy_unit": "id"},
+               "domain": {"lower": LOWER, "upper": UPPER},
+               "privacy": {"epsilon": 4.0, "delta": 0.0, "ledger": ledger_path},
+               "algorithm": {"name": "ldp", "k": 3, **algorithm},
+               "output": {"path": str(tmp_path / f"out-{name}"), "report": False}, "seed": 11, "unsafe_fixed_seed": True}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return str(path)
+
+    assert main(["run", "--config", config("simulate"), "--run-id", "sim"], spark=connect) == 0
+    simulated = json.loads((tmp_path / "out-simulate" / "summary.json").read_text())
+    protocol_path, reports_path = str(tmp_path / "protocol"), str(tmp_path / "reports")
+    ingest = config("ingest", mode="ingest", protocol_path=protocol_path, reports_path=reports_path)
+    # The clients: the same users with the same secret seeds, outside Spark (numpy only).
+    run_key = Randomness(11).run_key
+    pdf = data.pdf
+    seeds = [client.user_seed(run_key, b"\x02" + int(u).to_bytes(8, "big", signed=True)) for u in pdf["id"]]
+    rounds = client.choose_round_batch(seeds, (0.5, 0.25, 0.25))
+    unit = np.array([client.to_unit(p, {"lower": LOWER, "upper": UPPER}) for p in pdf[["x", "y"]].to_numpy()])
+    for r in (1, 2, 3):
+        capsys.readouterr()
+        assert main(["advance", "--config", ingest], spark=connect) == 0  # publishes round r, charges nothing
+        assert f"round {r}" in capsys.readouterr().out
+        params = ldp_spark.read_round_params(connect, protocol_path, r)
+        idx = np.nonzero(rounds == r)[0]
+        sub, a, y = client.randomize_batch(unit[idx], params, [seeds[i] for i in idx])
+        reports = pd.DataFrame({"sub": sub.astype(np.int32), "a": a, "y": y.astype(np.int32)})
+        connect.createDataFrame(reports).write.format("delta").save(ldp_spark.round_path(reports_path, r))
+    assert main(["run", "--config", ingest, "--run-id", "ingest"], spark=connect) == 0
+    released = json.loads((tmp_path / "out-ingest" / "summary.json").read_text())
+    assert np.array_equal(np.asarray(released["centers"]), np.asarray(simulated["centers"]))
+    assert np.array_equal(np.asarray(released["noisy_weights"]), np.asarray(simulated["noisy_weights"]))
+    assert released["guarantee"] == simulated["guarantee"] == "local"
+    totals = Ledger(connect, ledger_path).totals(data.key, guarantee="local")
+    assert totals.spent_epsilon == pytest.approx(8.0)
+
+
+# A client whose fit is one long request on the server (a task that beats into a file every 0.2 s for
+# a minute, over PUBLIC rows): the kill lands while that request runs on the server.
+SLOW_FIT_CLIENT = """
+import os, sys
+from dpspark.dplloyd.estimator import DPLloyd
+
+BEATS = os.environ["BEATS"]  # read here, on the client: the function runs in the server's workers
+
+def slow(batches):
+    import time
+    for batch in batches:
+        for _ in range(300):
+            with open(BEATS, "a") as handle:
+                handle.write(".")
+            time.sleep(0.2)
+        yield batch.iloc[:0]
+
+def slow_fit(self, df, **kwargs):
+    df.sparkSession.range(0, 1, 1, 1).mapInPandas(slow, "id LONG").collect()
+    raise AssertionError("the slow request was not interrupted")
+
+DPLloyd.fit = slow_fit
+from dpspark.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_sigtermd_connect_run_is_recorded_killed_and_its_requests_interrupted(connect, data, tmp_path):
+    """``dpspark run`` as a Connect client process, SIGTERM while its fit's request runs on the server:
+    exit 143, the attempt recorded as killed in runs/ and the ledger (charged, nothing released), and
+    the request ended on the server: its task stops beating within seconds instead of running on for
+    its minute (the abandoned response stream is released, and ``interruptAll`` ends whatever of the
+    session is still under way; the operator record counts what it found)."""
+    ledger_path, operator, beats = str(tmp_path / "ledger"), str(tmp_path / "operator"), tmp_path / "beats"
+    Ledger(connect, ledger_path).set_budget(data.key, 3.0, 0.0)
+    cfg = _config(tmp_path, data.table, ledger_path)
+    env = {**_client_env(), "DPSPARK_OPERATOR_LOG": operator, "BEATS": str(beats)}
+    err_path = tmp_path / "client.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_FIT_CLIENT, "run", "--config", cfg, "--run-id", "killed",
+                                 "--json"], env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(tmp_path))
+    try:
+        deadline = time.monotonic() + 240
+        while not beats.exists() or beats.stat().st_size < 5:
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the fit's request never started on the server"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err_path.read_text()[-3000:]
+    time.sleep(4.0)  # Spark's kill of a Python task: interrupt, then the worker within spark.python.task.killTimeout
+    stopped_at = beats.stat().st_size
+    time.sleep(3.0)
+    assert beats.stat().st_size == stopped_at < 300, "the server kept running the killed run's request"
+    status = json.loads(out.strip().splitlines()[-1])
+    assert (status["status"], status["exit_code"], status["attempt"]) == ("killed", 143, 1)
+    out_dir = str(tmp_path / "out")
+    runs = connect.read.format("delta").load(out_dir + "/runs").collect()
+    assert [(r.run_id, r.attempt, r.status, r.fit_started) for r in runs] == [("killed", 1, "killed", True)]
+    assert not os.path.exists(out_dir + "/summary.json") and not os.path.exists(out_dir + "/centers")
+    ledger = Ledger(connect, ledger_path)
+    assert [e["status"] for e in ledger.runs(data.key)] == ["started", "charged", "fit_started", "killed"]
+    assert ledger.totals(data.key).spent_epsilon == pytest.approx(1.0)
+    record = json.loads((tmp_path / "operator" / "killed" / "attempt-1.json").read_text())
+    counts = [int(m.group(1)) for m in (re.search(r"interrupted (\d+) Spark Connect operation", line)
+                                        for line in record["log"]) if m]
+    # interruptAll ran once; it may find nothing left: the kill broke the client out of the request's
+    # response stream, and the stream's release already ended the request on the server.
+    assert len(counts) == 1, record["log"][-20:]
+
+
+def test_connect_clients_charging_one_ledger_at_once_spend_exactly_the_cap(connect, s3, tmp_path):
+    """Four Connect client processes (no JVM of their own) each charge epsilon 1, released at once,
+    against a cap of 2 on one ledger on s3a (each commit PUT held 1 s, so the charges overlap): exactly
+    two are charged and two refused, and the ledger holds exactly the cap."""
+    clients, cap, key, ledger_path = 4, 2.0, "connect-race-input", "s3a://lake/connect/race-ledger"
+    Ledger(connect, ledger_path).set_budget(key, cap, 0.0)
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "ledger_race_driver.py"), "--endpoint", s3.endpoint,
+                               "--ledgers", ledger_path, "--sync", str(sync), "--name", f"c{i}", "--key", key,
+                               "--remote", SERVER["url"]], env=_client_env(), stdout=subprocess.PIPE,
+                              stderr=open(sync / f"stderr-{i}", "w"), text=True)
+             for i in range(clients)]
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(sync.glob("ready-0-*"))) < clients:
+            assert all(p.poll() is None for p in procs), [(sync / f"stderr-{i}").read_text()[-3000:] for i in range(clients)]
+            assert time.monotonic() < deadline, "clients did not get ready"
+            time.sleep(0.05)
+        s3.commit_delay = 1.0
+        (sync / "go-0").touch()
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        s3.commit_delay = 0.0
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    results = sorted(json.loads(line)["result"] for out in outs for line in out.splitlines() if line.startswith("{"))
+    assert results == ["charged"] * 2 + ["refused"] * 2, (results, [(sync / f"stderr-{i}").read_text()[-2000:]
+                                                                     for i in range(clients)])
+    ledger = Ledger(connect, ledger_path)
+    assert ledger.totals(key).spent_epsilon == cap
+    assert sum(1 for e in ledger.runs(key) if e["status"] == "charged") == 2
+
+
+def test_cli_run_with_output_table_registers_both_names_on_connect(connect, data, tmp_path, capsys):
+    """output.table on Spark Connect: each run registers {output.path}/centers and /runs as external
+    catalog tables on the server (the same SQL as on a classic session), queryable by name; the second
+    run finds them registered and adds its rows; the same names for another output.path are refused
+    before the charge. The database (at a temporary location) is dropped at the end: no data deleted."""
+    from dpspark.cli import main
+
+    db = "dpspark_connect_out"
+    connect.sql(f"CREATE DATABASE IF NOT EXISTS {db} LOCATION '{tmp_path / 'catalog'}'")
+    try:
+        ledger_path = str(tmp_path / "ledger")
+        Ledger(connect, ledger_path).set_budget(data.key, 3.0, 0.0)
+        names = {"centers_table": f"{db}.clusters_centers", "runs_table": f"{db}.clusters_runs"}
+        cfg = _config(tmp_path, data.table, ledger_path, **{"output.table": f"{db}.clusters", "output.report": False})
+        for run_id in ("t1", "t2"):
+            capsys.readouterr()
+            assert main(["run", "--config", cfg, "--run-id", run_id, "--json"], spark=connect) == 0
+            outcome = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+            assert {key: outcome["outputs"][key] for key in names} == names
+        with open(os.path.join(str(tmp_path / "out"), "summary.json"), encoding="utf-8") as handle:
+            summary = json.load(handle)
+        assert {key: summary["outputs"][key] for key in names} == names
+        centers = connect.table(names["centers_table"]).collect()
+        assert sorted((r.run_id, r.cluster_id) for r in centers) == [(i, j) for i in ("t1", "t2") for j in range(3)]
+        runs = connect.table(names["runs_table"]).collect()
+        assert sorted((r.run_id, r.attempt, r.status) for r in runs) == [("t1", 1, "succeeded"), ("t2", 1, "succeeded")]
+        # The same names for another output.path: refused before the charge (exit 2, nothing spent).
+        other = _config(tmp_path, data.table, ledger_path, **{"output.table": f"{db}.clusters", "output.report": False,
+                                                               "output.path": str(tmp_path / "elsewhere")})
+        capsys.readouterr()
+        assert main(["run", "--config", other, "--run-id", "t3", "--json"], spark=connect) == 2
+        outcome = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert outcome["error"].startswith("config key 'output.table'") and "already a catalog table" in outcome["error"]
+        assert not os.path.exists(str(tmp_path / "elsewhere"))
+        assert Ledger(connect, ledger_path).totals(data.key).spent_epsilon == pytest.approx(2.0)
+    finally:
+        connect.sql(f"DROP DATABASE IF EXISTS {db} CASCADE")
+    assert len(connect.read.format("delta").load(str(tmp_path / "out" / "centers")).collect()) == 6  # external: kept
