@@ -25,6 +25,8 @@ SLOW = (
     "test_scheduling.py::test_cron_line_with_sigterm_mid_fit_then_the_retry",
     "test_scheduling.py::test_a_run_whose_python_workers_cannot_start_charges_nothing",
     "test_connect.py::test_a_server_whose_workers_cannot_start_charges_nothing",
+    "test_connect.py::test_a_sigtermd_connect_run_is_recorded_killed_and_its_requests_interrupted",
+    "test_connect.py::test_connect_clients_charging_one_ledger_at_once_spend_exactly_the_cap",
     "test_attempt_lifecycle.py::test_every_end_through_the_command_line",  # quick: ...through_dpclustering_fit
     # this README's blocks, run as written (quick: test_readme's static checks)
     "test_readme.py::test_quickstart_demo_ran",
@@ -40,6 +42,8 @@ SLOW = (
     "test_object_store.py::test_the_dpspark_command_adds_the_s3a_connector_itself",
     "test_object_store.py::test_a_partitioned_table_is_pruned_by_input_where_and_charged_on_its_one_balance",
     "test_connect.py::test_cli_run_with_a_ledger_writes_every_output",
+    "test_connect.py::test_ldp_rounds_on_connect_release_what_the_simulation_releases",  # quick: test_ldp's walk
+    "test_connect.py::test_cli_run_with_output_table_registers_both_names_on_connect",  # quick: test_output_table
     "test_connect.py::test_a_table_replaced_between_the_check_and_the_fit_releases_nothing",
     "test_analyst_channels.py::test_spark_task_failure_lines_do_not_reach_an_accounted_runs_stderr",
     "test_user_mistakes.py::test_a_healthy_run_logs_no_spark_warnings_and_one_line_per_loop",
