@@ -103,7 +103,9 @@ def _on_connect(spark) -> bool:
 
 
 def now():
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+    """Now as an aware UTC datetime: runs/ stores it as that instant (PySpark and delta-rs alike),
+    whatever the writer's time zone (a naive UTC time would be read as the writer's local time)."""
+    return datetime.now(timezone.utc)
 
 
 def end_status(exc: BaseException) -> str:

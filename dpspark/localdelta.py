@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from datetime import datetime
+from datetime import datetime, timezone
 
 
 def local_path(path: str) -> str | None:
@@ -81,12 +81,13 @@ def table_id(path: str) -> str | None:
         return None
 
 
-def read_rows(path: str, where: dict | None = None, table=None) -> list[dict] | None:
+def read_rows(path: str, where: dict | None = None, table=None, utc: bool = False) -> list[dict] | None:
     """The rows of the local Delta table at ``path`` whose column ``c`` is one of ``where[c]`` (every
     column named must exist), as dicts in no particular order, with every column of the table;
-    TIMESTAMP values as PySpark returns them (naive, in this process's local time). None when
-    delta-rs cannot read it (see the module docstring). ``table``: read that snapshot (an
-    ``open_table`` of ``path``) rather than the latest."""
+    TIMESTAMP values as PySpark returns them (naive, in this process's local time), or with ``utc``
+    as aware UTC datetimes (the instant Delta holds, whatever this process's zone: the ledger's
+    reads). None when delta-rs cannot read it (see the module docstring). ``table``: read that
+    snapshot (an ``open_table`` of ``path``) rather than the latest."""
     table = open_table(path) if table is None else table
     if table is None:
         return None
@@ -116,12 +117,20 @@ def read_rows(path: str, where: dict | None = None, table=None) -> list[dict] | 
             found = found.filter(condition)
     except Exception:
         return None
-    return [{k: _naive_local(v) for k, v in row.items()} for row in found.to_pylist()]
+    convert = _aware_utc if utc else _naive_local
+    return [{k: convert(v) for k, v in row.items()} for row in found.to_pylist()]
 
 
 def _naive_local(value):
     if isinstance(value, datetime) and value.tzinfo is not None:
         return value.astimezone().replace(tzinfo=None)
+    return value
+
+
+def _aware_utc(value):
+    """A TIMESTAMP value (pyarrow's aware datetime, zone UTC) as a ``datetime.timezone.utc`` datetime."""
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(timezone.utc)
     return value
 
 
@@ -145,8 +154,9 @@ def writable_table(path: str):
 
 
 def _arrow_value(value):
-    """A PySpark-style Python value as delta-rs takes it: a naive datetime is local time (PySpark's
-    reading of it), made aware so that it is stored as the same instant."""
+    """A PySpark-style Python value as delta-rs takes it: an aware datetime is stored as its instant
+    (the ledger's and runs/'s times are aware UTC); a naive one is local time (PySpark's reading of
+    it: a value read back from a table), made aware so that it is stored as the same instant."""
     if isinstance(value, datetime) and value.tzinfo is None:
         return value.astimezone()
     return value

@@ -79,7 +79,8 @@ def test_times_are_shown_in_utc_with_their_zone(spark, tmp_path, capsys):
 
 
 def test_times_stay_utc_when_the_local_zone_is_not(spark, tmp_path, capsys, monkeypatch):
-    """The ledger stores naive UTC times; PySpark reads them back in the local zone it wrote them in."""
+    """A naive time given to the ledger is UTC, stored and read back as that instant whatever the local
+    zone (tests/test_ledger_tz.py: a writer and a reader in different zones)."""
     path = str(tmp_path / "ledger")
     monkeypatch.setenv("TZ", "America/New_York")
     time.tzset()

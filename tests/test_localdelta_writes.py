@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,11 @@ def _engines(path: str) -> list[str]:
     """Who wrote each commit of the table, oldest first: 'spark' or 'delta-rs'."""
     history = sorted(localdelta.open_table(path).history(), key=lambda h: h["version"])
     return ["delta-rs" if "delta-rs" in str(h.get("engineInfo") or h.get("clientVersion")) else "spark" for h in history]
+
+
+def _as_pyspark_reads(value):
+    """A value written (an aware UTC time: ``Ledger._now``) as PySpark reads it back: a naive local time."""
+    return value.astimezone().replace(tzinfo=None) if isinstance(value, datetime) and value.tzinfo else value
 
 
 def _spark_rows(spark, path: str, where: str) -> list[dict]:
@@ -86,7 +92,8 @@ def test_a_local_ledger_is_charged_by_delta_rs_with_the_rows_and_decisions_of_sp
         events[mode] = sorted((tuple(r[f] for f in EVENT_FIELDS) for r in rows if r["kind"] == "run"), key=repr)
         balance = [r for r in rows if r["kind"] == "balance"]
         assert len(balance) == 1 and balance[0]["entry_id"] == _balance_id(key)
-        assert before <= balance[0]["updated_at"] <= after  # the charge's time, as PySpark reads it
+        # the charge's instant (PySpark reads a TIMESTAMP as a naive local time; the ledger's times are aware UTC)
+        assert before <= balance[0]["updated_at"].astimezone(timezone.utc) <= after
         balances[mode] = {k: balance[0][k] for k in ("epsilon", "delta", "cap_epsilon", "cap_delta")}
         # delta-rs reads the same rows as Spark does
         local = localdelta.read_rows(path, {"kind": ["run", "balance"]})
@@ -168,7 +175,7 @@ def test_runs_rows_appended_by_delta_rs_read_back_the_same_by_spark_across_its_c
     from pyspark.sql.types import _parse_datatype_string
     assert spark.read.format("delta").load(runs).schema == _parse_datatype_string(tables.RUNS_SCHEMA)
     by_spark = sorted((r.asDict() for r in spark.read.format("delta").load(runs).collect()), key=lambda r: r["attempt"])
-    assert by_spark == [{c: w[c] for c in tables.RUNS_COLUMNS} for w in written]
+    assert by_spark == [{c: _as_pyspark_reads(w[c]) for c in tables.RUNS_COLUMNS} for w in written]
     with SparkWrites():
         by_spark_attempts = tables.read_attempts(spark, runs, "day-1")
     assert by_spark_attempts == tables.read_attempts_without_spark(runs, "day-1")

@@ -28,10 +28,16 @@ Rows (one table; column ``kind`` tells them apart):
   ``claim:{run_id}:{attempt}``, still blocks a second taker of ITS input: the MERGE also matches
   that old id together with the row's ``input_path``.)
 
-``updated_at`` is UTC: written as the UTC wall-clock time (``Ledger._now``, a naive datetime,
-which PySpark stores and reads back in the same local zone), so a value read back is UTC
-(``utc_iso`` shows it with its zone). Amounts, caps and times in the ledger are public: they
-are the analysts' requests and the administrator's caps, never derived from private records.
+``updated_at`` is an instant (a Delta TIMESTAMP: microseconds since the epoch, UTC): written from
+an aware UTC datetime (``Ledger._now``; a naive time given to the ledger is UTC), which PySpark (classic
+and Connect), a Spark SQL literal naming its offset (``_sql_timestamp``) and delta-rs all store as that
+instant, whatever the writer's time zones; read back as an aware UTC datetime (by delta-rs, or by Spark
+as ``unix_micros``), whatever the reader's (``spark.sql.session.timeZone``, $TZ). ``utc_iso`` shows it
+with its zone. A ledger written before times were aware holds the UTC wall-clock time read as the
+writer's local time: exact where that was UTC (the usual server and Databricks setting), shifted by
+the writer's offset otherwise; the column and its type are unchanged, so such a ledger is read and
+appended to as it is. Amounts, caps and times in the ledger are public: they are the analysts'
+requests and the administrator's caps, never derived from private records.
 
 The table, its transactions (Spark SQL, or delta-rs for a local ledger) and the check that its
 storage lets only one driver commit a version are ``dpspark.privacy.ledger_store``'s.
@@ -74,8 +80,9 @@ from dpspark.delta_sql import sql_string, table_name
 from dpspark.errors import BudgetRefused
 # The storage (re-exported: the scripts and tests that name these read them through this module).
 from dpspark.privacy.ledger_store import (_LEDGER_CONF, COLUMNS, MAX_ATTEMPTS, SCHEMA, SINGLE_WRITER_ENV,  # noqa: F401
-                                          CommitExclusion, LedgerStore, _is_conflict, _nulls_first,
-                                          _small_table, _sql_double, _sql_timestamp, commit_exclusion)
+                                          CommitExclusion, LedgerStore, _collect, _is_conflict, _nulls_first,
+                                          _small_table, _sql_double, _sql_timestamp, _with_instants,
+                                          commit_exclusion, utc_instant)
 
 log = logging.getLogger("dpspark")
 
@@ -110,9 +117,7 @@ def utc_iso(value: datetime | None, timespec: str = "auto") -> str | None:
     (the ledger's convention, see the module docstring); an aware one is converted to UTC."""
     if value is None:
         return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc).isoformat(timespec=timespec).replace("+00:00", "Z")
+    return utc_instant(value).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def parse_utc(text: str) -> tuple[datetime, bool]:
@@ -245,13 +250,14 @@ class Ledger(LedgerStore):
 
     @_small_table
     def public_tables(self) -> list[dict]:
-        """The tables declared public (and without a balance): key, path as written, who, when, note."""
+        """The tables declared public (and without a balance): key, path as written, who, when (an
+        aware UTC datetime), note."""
         rows = self._rows_without_spark(("public", "balance"), None)
         if rows is None:
             if self.spark is None or not self.exists():
                 return []
-            rows = [r.asDict() for r in self.spark.read.format("delta").load(self.path)
-                    .where("kind IN ('public', 'balance')").collect()]
+            rows = _collect(_with_instants(self.spark.read.format("delta").load(self.path)
+                                           .where("kind IN ('public', 'balance')")))
         budgeted = {r["input_path"] for r in rows if r["kind"] == "balance"}
         return sorted(({"table_key": r["input_path"], "table_seen": r.get("input_seen"), "actor": r.get("actor"),
                         "updated_at": r.get("updated_at"), "note": r.get("note")}
@@ -562,7 +568,7 @@ class Ledger(LedgerStore):
     def events(self, input_key: str | None = None, *, run_id: str | None = None, statuses=None,
                since: datetime | None = None, until: datetime | None = None, last: int | None = None):
         """Run and administrative events, oldest first, as dicts (every column of ``SCHEMA``; null when
-        a ledger of an older dpspark lacks it). Filters (public values, all optional): ``run_id``;
+        a ledger of an older dpspark lacks it; ``updated_at`` an aware UTC datetime). Filters (public values, all optional): ``run_id``;
         ``statuses`` (some of ``EVENT_STATUSES``); ``since`` (inclusive) and ``until`` (exclusive),
         aware datetimes or naive UTC; ``last``: only the ``last`` newest of the events selected."""
         if statuses is not None:

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from dpspark import localdelta
 from dpspark.delta_sql import not_a_table, table_name
@@ -92,7 +92,50 @@ def _sql_double(value) -> str:
 
 
 def _sql_timestamp(when: datetime) -> str:
-    return f"TIMESTAMP '{when.isoformat(sep=' ')}'"
+    """A time as a Spark SQL TIMESTAMP literal that names its offset (``TIMESTAMP '2024-05-01
+    12:00:00.123456+00:00'``): the same instant whatever the session's ``spark.sql.session.timeZone``
+    (a literal without an offset is read in that zone). A naive ``when`` is UTC."""
+    return f"TIMESTAMP '{utc_instant(when).isoformat(sep=' ')}'"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def utc_instant(value: datetime) -> datetime:
+    """``value`` as the ledger writes and returns times: an aware UTC datetime. A naive one is UTC
+    (the convention of the callers that give a time, and of ledgers written before times were aware)."""
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _micros(value: datetime) -> int:
+    """Microseconds since the epoch of ``value`` (naive: UTC): Spark's ``unix_micros`` of that instant."""
+    delta = utc_instant(value) - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _instant(micros) -> datetime | None:
+    return None if micros is None else _EPOCH + timedelta(microseconds=int(micros))
+
+
+def _with_instants(df):
+    """``df`` with ``updated_at`` as microseconds since the epoch (``unix_micros``), which ``_collect``
+    turns into aware UTC datetimes: the instant Delta holds, on a classic or a Connect session,
+    whatever the session's and this process's time zones (PySpark would give a naive local time)."""
+    from pyspark.sql import functions as F
+
+    if "updated_at" not in df.columns:
+        return df
+    return df.select(*[F.expr("unix_micros(updated_at)").alias(c) if c == "updated_at" else F.col(c)
+                       for c in df.columns])
+
+
+def _collect(df) -> list[dict]:
+    """The rows of a ``_with_instants`` frame as dicts, ``updated_at`` an aware UTC datetime."""
+    rows = [r.asDict() for r in df.collect()]
+    for row in rows:
+        if "updated_at" in row:
+            row["updated_at"] = _instant(row["updated_at"])
+    return rows
 
 
 def _is_conflict(exc: Exception) -> bool:
@@ -269,9 +312,14 @@ class LedgerStore:
             self.spark.catalog.dropTempView(view)
 
     def _now(self):
-        return datetime.now(timezone.utc).replace(tzinfo=None)
+        """Now, as the ledger stores times: an aware UTC datetime (an instant: PySpark, Spark SQL's
+        literal (``_sql_timestamp``) and delta-rs all store it as that instant, whatever the writer's
+        time zones)."""
+        return datetime.now(timezone.utc)
 
     def _row(self, **values) -> tuple:
+        if values.get("updated_at") is not None:
+            values["updated_at"] = utc_instant(values["updated_at"])  # a naive time given is UTC
         return tuple(values.get(c) for c in COLUMNS)
 
     def _event(self, **values) -> tuple:
@@ -366,7 +414,7 @@ class LedgerStore:
         where = {"kind": list(kinds)}
         if input_key is not None:
             where["input_path"] = [input_key]
-        rows = localdelta.read_rows(self.path, where)
+        rows = localdelta.read_rows(self.path, where, utc=True)
         return None if rows is None else [{**dict.fromkeys(COLUMNS), **r} for r in rows]
 
     def exists_without_spark(self) -> bool:
@@ -379,8 +427,8 @@ class LedgerStore:
         if rows is not None:  # the same selection as the Spark query below, on the rows delta-rs read
             rows = [r for r in rows if (run_id is None or r["run_id"] == run_id)
                     and (statuses is None or r["status"] in statuses)
-                    and (since is None or (r["updated_at"] is not None and r["updated_at"] >= _naive_utc(since)))
-                    and (until is None or (r["updated_at"] is not None and r["updated_at"] < _naive_utc(until)))]
+                    and (since is None or (r["updated_at"] is not None and r["updated_at"] >= utc_instant(since)))
+                    and (until is None or (r["updated_at"] is not None and r["updated_at"] < utc_instant(until)))]
             rows.sort(key=lambda r: (_nulls_first(r["updated_at"]), _nulls_first(r["entry_id"])))
             return rows[-last:] if last is not None else rows
         return self._events_with_spark(kinds, input_key, run_id=run_id, statuses=statuses, since=since, until=until,
@@ -399,24 +447,21 @@ class LedgerStore:
             df = df.where(F.col("run_id") == run_id)
         if statuses is not None:
             df = df.where(F.col("status").isin(list(statuses)))
-        # updated_at holds naive UTC datetimes: the bounds are compared as such (PySpark converts a
-        # naive datetime the same way when it writes the events and when it builds these literals).
+        # updated_at is an instant: compared as microseconds since the epoch, so that neither the
+        # session's time zone nor this process's enters (a naive bound is UTC)
         if since is not None:
-            df = df.where(F.col("updated_at") >= F.lit(_naive_utc(since)))
+            df = df.where(F.expr("unix_micros(updated_at)") >= F.lit(_micros(since)))
         if until is not None:
-            df = df.where(F.col("updated_at") < F.lit(_naive_utc(until)))
+            df = df.where(F.expr("unix_micros(updated_at)") < F.lit(_micros(until)))
+        df = _with_instants(df)
         if last is not None:
-            rows = df.orderBy(F.col("updated_at").desc(), F.col("entry_id").desc()).limit(last).collect()[::-1]
+            rows = _collect(df.orderBy(F.col("updated_at").desc(), F.col("entry_id").desc()).limit(last))[::-1]
         else:
-            rows = df.orderBy("updated_at", "entry_id").collect()
-        return [{**dict.fromkeys(COLUMNS), **r.asDict()} for r in rows]
+            rows = _collect(df.orderBy("updated_at", "entry_id"))
+        return [{**dict.fromkeys(COLUMNS), **r} for r in rows]
 
 
 def _nulls_first(value) -> tuple:
     """A sort key that orders None first, as Spark's ascending ``orderBy`` does."""
     return (value is not None, value if value is not None else 0)
 
-
-def _naive_utc(value: datetime) -> datetime:
-    """``value`` as the ledger stores times: a naive UTC datetime (an aware one is converted)."""
-    return value if value.tzinfo is None else value.astimezone(timezone.utc).replace(tzinfo=None)
