@@ -38,8 +38,18 @@ filter reads has an atomic type. Tested with filters drawn at random from this g
 rows (NaN, +-inf, 1e308, empty, very long and invalid UTF-8 strings, nulls, extreme dates and
 integers) with ANSI on and off at execution (tests/test_where_filter.py).
 
-``parse`` needs no Spark (``dpspark validate`` uses it); ``to_column`` and ``check_analysed`` run
-in ``dpspark.tables.load_input``, before the charge.
+On a Spark Connect session (``apply_connect``) the client holds no analysed plan, and the server
+analyses the plan again at every action with its session's settings at that moment. The same
+guarantee is kept by pinning, not by inspecting: ANSI mode is set off on the run's session and
+never put back, read back and probed before the charge; every column the filter reads must have an
+atomic type (the table's schema, which is metadata); and the one node a total grammar still gets
+from Spark's function builders that the classic check refuses (``startswith``/``endswith``/
+``contains`` of two binary values, a ``BinaryPredicate``) is refused from the column types. See
+``apply_connect`` for the argument.
+
+``parse`` needs no Spark (``dpspark validate`` uses it); ``to_column`` and ``check_analysed`` (or,
+on Spark Connect, ``pin_non_ansi`` and ``connect_problem``) run in ``dpspark.tables.load_input``,
+before the charge.
 """
 
 from __future__ import annotations
@@ -430,6 +440,18 @@ def _children(node):
 # Spark: the Column built from the tree, and the check of its analysed form
 
 
+def resolve(name: str, names) -> str:
+    """The table column a filter's ``name`` reads: matched exactly, else case-insensitively as Spark
+    would (ConfigError when none or several match)."""
+    names = list(names)
+    if name in names:
+        return name
+    folded = [c for c in names if c.lower() == name.lower()]
+    if len(folded) != 1:
+        raise ConfigError(KEY, f"column {name!r} not found (or ambiguous); the table has columns {sorted(names)}")
+    return folded[0]
+
+
 def to_column(node, column_names):
     """The pyspark Column of a parse tree. ``column_names``: the table's columns (a name is matched
     exactly, else case-insensitively as Spark would; an unknown name is a ConfigError)."""
@@ -438,11 +460,7 @@ def to_column(node, column_names):
     names = list(column_names)
 
     def col(name: str):
-        if name not in names:
-            folded = [c for c in names if c.lower() == name.lower()]
-            if len(folded) != 1:
-                raise ConfigError(KEY, f"column {name!r} not found (or ambiguous); the table has columns {sorted(names)}")
-            name = folded[0]
+        name = resolve(name, names)
         return F.col("`" + name.replace("`", "``") + "`")
 
     def lit(value):
@@ -504,8 +522,8 @@ ATOMIC_TYPES = re.compile(r"^(boolean|tinyint|smallint|int|bigint|float|double|d
 def check_analysed(df, text: str) -> None:
     """Verify, before the charge, that the analysed filter of ``df`` (a ``Filter`` on top of the
     table's plan) is made of total nodes only: allowed classes, atomic types, non-ANSI casts
-    between atomic types. A no-op where the plan cannot be inspected (Spark Connect): the
-    grammar alone is then the guarantee."""
+    between atomic types. A no-op where the plan cannot be inspected (Spark Connect, where
+    ``apply`` pins ANSI off and runs ``connect_problem`` instead: see ``apply_connect``)."""
     try:
         plan = df._jdf.queryExecution().analyzed()
     except Exception:
@@ -570,20 +588,11 @@ def total_expression_problem(expr, allowed_udfs=()) -> str | None:
 def apply(spark, df, text: str):
     """``df`` filtered by ``input.where`` (parsed, built, analysed with ANSI off and checked; see
     the module docstring). Every error is a ConfigError on ``input.where``, raised before any charge.
-
-    Refused on a Spark Connect session: there the server analyses the filter again at every
-    execution, with its session's settings at that moment (ANSI mode is on by default in Spark 4),
-    so the analysis with ANSI off that makes the grammar's implicit casts total cannot be pinned, and
-    the analysed plan cannot be checked from the client."""
+    On a Spark Connect session: ``apply_connect`` (ANSI pinned off for the rest of the session)."""
     from dpspark.session import is_connect
 
     if is_connect(spark):
-        raise ConfigError(KEY, "is not available on a Spark Connect session: its totality rests on the filter "
-                               "being analysed with ANSI mode off and checked on its analysed plan, which only a "
-                               "classic session allows: run this config on a classic session (`dpspark run` "
-                               "locally or with spark-submit, against the same ledger), or without input.where. "
-                               "Do not copy the rows into a table of their own: it would get a second, fresh "
-                               "balance for the same people")
+        return apply_connect(spark, df, text)
     node = parse(text)
     condition = to_column(node, df.columns)
     saved = spark.conf.get("spark.sql.ansi.enabled", None)
@@ -602,3 +611,158 @@ def apply(spark, df, text: str):
             spark.conf.unset("spark.sql.ansi.enabled")
         else:
             spark.conf.set("spark.sql.ansi.enabled", saved)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark Connect: the same guarantee, pinned instead of inspected
+
+ANSI_KEY = "spark.sql.ansi.enabled"
+_STRING_TESTS = ("startswith", "endswith", "contains")
+_CLASSIC_ADVICE = ("run this config on a classic session (`dpspark run` locally or with spark-submit, against the "
+                   "same ledger), or without input.where. Do not copy the rows into a table of their own: it would "
+                   "get a second, fresh balance for the same people")
+# A constant row (no private value) whose implicit cast raises under ANSI mode and gives NULL without it.
+PROBE_VALUE = "not a number"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def _may_be_binary(node, types: dict) -> bool:
+    """Whether the operand ``node`` may have type binary: a binary column, or a coalesce with such an
+    argument (Spark's common type of binary and string is binary). Literals never are (the grammar has
+    no binary literal; NULL is void), and every other function returns a string, a number, a date,
+    a timestamp or a boolean."""
+    if isinstance(node, Column):
+        return types[node.name] == "binary"
+    if isinstance(node, Call) and node.name == "coalesce":
+        return any(_may_be_binary(a, types) for a in node.args)
+    return False
+
+
+def connect_problem(node, column_types) -> str | None:
+    """Why the filter ``node`` is refused on a Spark Connect session (where ``check_analysed`` cannot
+    run), or None. ``column_types``: (name, Spark type ``simpleString``) of each table column, from
+    its schema: metadata, never a row. Pure Python (tested without Spark Connect). Unknown or
+    ambiguous names are ConfigErrors, as in ``to_column``.
+
+    - Every column the filter reads has an atomic type (``ATOMIC_TYPES``). The grammar's literals
+      are atomic and its functions compute atomic values from atomic ones, so every value in the
+      analysed filter is atomic and every implicit cast Spark adds goes between atomic types (never
+      to or from an interval, array, map, struct, variant or collated string): with ANSI off each
+      of those returns NULL on a value it cannot convert. Stricter than the classic check, which
+      lets an attribute of any type through when nothing computes on it (``struct_col IS NULL``).
+    - ``startswith``/``endswith``/``contains`` never take two values that may be binary: Spark's
+      builder makes those a ``BinaryPredicate`` (a StaticInvoke), which the classic check refuses;
+      with any other argument types they are ``StartsWith``/``EndsWith``/``Contains`` over strings.
+      These are the only builders of ``FUNCTIONS`` whose node depends on the argument types
+      (tests/test_where_filter.py compares this function with ``check_analysed`` over every
+      construct and column type)."""
+    pairs = [(str(n), str(t)) for n, t in column_types]
+    names = [n for n, _ in pairs]
+    types: dict = {}
+    for name in sorted(columns(node)):
+        resolved = resolve(name, names)
+        type_name = dict(pairs)[resolved]
+        if not ATOMIC_TYPES.match(type_name):
+            return (f"column {resolved!r} has type {type_name}: on a Spark Connect session a row filter reads "
+                    f"only columns of atomic types (numbers, strings, binary, booleans, dates, timestamps)")
+        types[name] = type_name
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Call) and n.name in _STRING_TESTS and all(_may_be_binary(a, types) for a in n.args):
+            return (f"{n.name} of two binary values is not allowed (Spark makes it a BinaryPredicate; only "
+                    f"expressions that cannot raise on a value are): compare a binary column with a string instead")
+        stack.extend(_children(n))
+    return None
+
+
+def pin_non_ansi(spark) -> None:
+    """Set ``spark.sql.ansi.enabled=false`` on the Spark Connect session ``spark`` for the rest of its
+    life (never put back: see ``apply_connect``) and verify that its server keeps it: the setting is
+    read back, then a probe on a constant row (``'not a number' = 1``, no private value) must give
+    NULL instead of raising. ConfigError on input.where, before any charge, otherwise."""
+    from pyspark.sql import functions as F
+
+    try:
+        spark.conf.set(ANSI_KEY, "false")
+        seen = spark.conf.get(ANSI_KEY)
+    except Exception as exc:
+        raise ConfigError(KEY, f"needs {ANSI_KEY}=false on this Spark Connect session, and its server refused the "
+                               f"setting ({_first_line(exc)}): {_CLASSIC_ADVICE}") from None
+    if str(seen).strip().lower() != "false":
+        raise ConfigError(KEY, f"needs {ANSI_KEY}=false on this Spark Connect session, and its server reads back "
+                               f"{seen!r} after it was set: {_CLASSIC_ADVICE}")
+    try:
+        probe = spark.createDataFrame([(PROBE_VALUE,)], "s string").select((F.col("s") == F.lit(1)).alias("c"))
+        rows = [tuple(r) for r in probe.collect()]
+    except Exception as exc:
+        rows = f"it raised {_first_line(exc)}"
+    if rows != [(None,)]:
+        raise ConfigError(KEY, f"needs {ANSI_KEY}=false on this Spark Connect session, and its server still casts "
+                               f"with ANSI mode on ({PROBE_VALUE!r} = 1 gave {rows!r}, not NULL): {_CLASSIC_ADVICE}")
+
+
+def apply_connect(spark, df, text: str):
+    """``apply`` on a Spark Connect session: ``df`` filtered by ``input.where``, every error a
+    ConfigError on ``input.where`` raised before any charge. Leaves the session with ANSI mode OFF.
+
+    What the classic path proves on the analysed plan, and how it is proven here:
+
+    1. The casts Spark adds are non-ANSI (NULL, never an error, on a value they cannot convert). A
+       Connect server analyses the plan again at every action, with its session's settings at that
+       moment (measured: the same DataFrame raised on 'abc' after ANSI was switched back on, and no
+       longer raised once it was off again). So ANSI is set off on THIS session and never put back
+       (the filtered DataFrame is executed by the fit after the charge; dpspark's CLI builds one
+       session per run, which ends with it). The server keeps settings per session (another
+       session on the same server keeps its own: measured), only dpspark's process knows the
+       session's id, dpspark sets ``spark.sql.ansi.*`` nowhere else and a job config may not
+       (``dpspark.config``); a server restarted under the run has a new server-side session id,
+       which the client refuses (it sends the id it observed; INVALID_HANDLE.SESSION_CHANGED): the
+       run then fails whatever the rows. ``pin_non_ansi`` reads the
+       setting back and probes it on a constant row, before the charge: a server that does not keep
+       it refuses the filter. The explicit casts of ``to_date``/``date``/``timestamp`` and of
+       DATE/TIMESTAMP literals are planned with the session's setting too. No other setting makes
+       a non-ANSI cast or a comparison raise: ``spark.sql.storeAssignmentPolicy`` applies to table
+       writes only, the other ``spark.sql.ansi.*`` settings to the parsing of SQL text (which this
+       Column never is), ``spark.sql.legacy.timeParserPolicy`` to datetime patterns (the grammar
+       has none; one-argument ``to_date`` is a cast), and the rest of ``spark.sql.legacy.*`` is
+       the deployment's on both kinds of session (a job config may not set it). The pin also holds
+       for the rest of the run's plans (the fit, the ledger), which dpspark writes to run with
+       ANSI mode on or off alike: a deployment may set either.
+    2. Every value is atomic and every cast goes between atomic types: every column the filter reads
+       has an atomic type in the table's schema (metadata), see ``connect_problem``.
+    3. Every node is of an allowed kind: the Column is built from the parse tree, so its nodes are
+       the grammar's comparisons, AND/OR/NOT, IN, IS NULL and the calls of ``FUNCTIONS``, resolved
+       by the server as Spark's built-in functions (a temporary function of the same name never
+       shadows a built-in: measured with a Python UDF registered as ``lower``), plus the implicit
+       casts of 1. The one built-in whose node depends on its argument types is refused from the
+       column types (``connect_problem``: a BinaryPredicate).
+    4. The Filter itself is analysed by the server now (``semanticHash``: analysis only, never
+       optimized or run, no row read), so a filter Spark cannot analyse on this table is refused
+       here, not at the fit's first action after the charge. Not ``schema``: the Connect client gives
+       a filter its child's cached schema without asking the server (measured: filters that do not
+       analyse passed it).
+
+    Not used: the server's explain string. It carries no cast's evaluation mode, its text does not
+    delimit literals, and producing it optimizes and plans the query, which evaluates the filter on
+    values (a local relation's rows, and for a table its partition values and file statistics):
+    measured on a local relation, an extended explain under ANSI mode raised the rows' cast error."""
+    node = parse(text)
+    fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
+    problem = connect_problem(node, fields)
+    if problem is not None:
+        raise _error(text, problem)
+    pin_non_ansi(spark)
+    condition = to_column(node, [name for name, _ in fields])
+    try:
+        filtered = df.where(condition)
+        filtered.semanticHash()  # the server analyses the Filter now (ANSI off): refused before the charge if it cannot
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise _error(text, f"not a valid predicate on this table ({_first_line(exc)})") from None
+    return filtered

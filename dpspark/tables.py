@@ -334,7 +334,8 @@ def load_input(spark, input_cfg, version: int | None = None) -> InputTable:
 
 def _filtered(spark, df, text: str):
     """``df.where(...)`` for ``input.where``: parsed into a grammar that cannot fail on any row, built
-    as a Column and checked on its analysed plan, before any charge (``dpspark.rowfilter``)."""
+    as a Column and checked on its analysed plan (Spark Connect: ANSI pinned off on the session and
+    the columns checked from the schema), before any charge (``dpspark.rowfilter``)."""
     from dpspark import rowfilter
 
     return rowfilter.apply(spark, df, text)

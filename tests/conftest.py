@@ -35,6 +35,7 @@ SLOW = (
     # fuzzers and benchmarks' quick modes
     "test_config_fuzz.py",
     "test_where_filter.py::test_random_filters_from_the_grammar_never_raise_on_hostile_rows",
+    "test_connect.py::test_random_filters_from_the_grammar_never_raise_on_hostile_rows_through_connect",
     "test_bench_quick.py",
     # whole dpspark processes where an in-process run shows the same face (quick: test_pipeline's
     # CLI run, test_connect's ledgered fit, test_object_store's pyspark.ml fit on s3a)

@@ -565,10 +565,6 @@ def test_what_needs_a_classic_session_is_refused_before_the_charge(connect, data
     assert main(["run", "--config", _config(tmp_path, parquet, ledger_path, **{"input.format": "parquet"}),
                  "--run-id", "r2"], spark=connect) == 2
     assert "input.format" in capsys.readouterr().err
-    # A row filter: its totality needs the filter analysed with ANSI off, which the server redoes at will.
-    where = _config(tmp_path, data.table, ledger_path, **{"input.where": "x > 1"})
-    assert main(["run", "--config", where, "--run-id", "r3"], spark=connect) == 2
-    assert "input.where" in capsys.readouterr().err
     ledger = Ledger(connect, ledger_path)
     assert ledger.totals(data.key).spent_epsilon == 0.0
     assert ledger.runs() == []  # no started, charged or refused event
@@ -776,3 +772,188 @@ def test_cli_run_with_output_table_registers_both_names_on_connect(connect, data
     finally:
         connect.sql(f"DROP DATABASE IF EXISTS {db} CASCADE")
     assert len(connect.read.format("delta").load(str(tmp_path / "out" / "centers")).collect()) == 6  # external: kept
+
+
+# ---------------------------------------------------------------------------------------------
+# input.where on Connect (issue 54, item 2): ANSI pinned off on the run's session, columns checked
+# from the schema, the Filter analysed by the server before the charge (dpspark.rowfilter.apply_connect)
+
+ANSI = "spark.sql.ansi.enabled"
+
+
+def test_cli_run_with_a_row_filter_releases_from_the_filtered_rows(connect, data, tmp_path, capsys):
+    """``input.where`` on a Spark Connect session: ANSI mode is pinned off on the run's session (read
+    back and probed before the charge) and the filter's columns are checked from the table's schema;
+    the run succeeds and releases from the filtered rows only: ``id < 150`` keeps the blob at (2, 2),
+    150 rows of 450. Fails with the old refusal (exit 2)."""
+    from dpspark.cli import main
+
+    saved = connect.conf.get(ANSI)
+    ledger_path = str(tmp_path / "ledger")
+    Ledger(connect, ledger_path).set_budget(data.key, 3.0, 0.0)
+    capsys.readouterr()
+    try:
+        connect.conf.set(ANSI, "true")  # a Connect server's default in Spark 4
+        cfg = _config(tmp_path, data.table, ledger_path, **{"input.where": "id < 150"})
+        assert main(["run", "--config", cfg, "--run-id", "w1", "--json"], spark=connect) == 0
+        assert connect.conf.get(ANSI) == "false"  # pinned for the rest of the session, never put back
+    finally:
+        connect.conf.set(ANSI, saved)
+    outcome = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (outcome["status"], outcome["epsilon_spent"]) == ("succeeded", 1.0)
+    with open(os.path.join(str(tmp_path / "out"), "summary.json"), encoding="utf-8") as handle:
+        summary = json.load(handle)
+    assert summary["input"]["where"] == "id < 150"
+    assert 100 < sum(summary["noisy_weights"]) < 200  # the 150 rows kept, not the table's 450
+    heaviest = np.array(summary["centers"][int(np.argmax(summary["noisy_weights"]))])
+    assert np.abs(heaviest - [2.0, 2.0]).max() < 0.5, summary  # the kept blob
+    runs = connect.read.format("delta").load(str(tmp_path / "out" / "runs")).collect()
+    assert [(r.run_id, r.status, r.input_where) for r in runs] == [("w1", "succeeded", "id < 150")]
+    assert Ledger(connect, ledger_path).totals(data.key).spent_epsilon == pytest.approx(1.0)
+
+
+def test_a_row_filter_with_implicit_casts_never_fails_a_connect_run_on_hostile_rows(connect, tmp_path, capsys):
+    """The privacy reason for the pin: the filter runs on private rows after the charge, and the server
+    analyses it again at every action. A filter whose implicit casts meet cells that do not parse
+    ('abc', '1e400', 'NaN', a 100,000-character string, invalid UTF-8, nulls) raises on them with
+    ANSI mode on (shown first, on the same Column); through ``dpspark run`` (ANSI pinned off before the
+    charge) the run succeeds. Fails without the pin: the run is charged, then its fit fails (measured:
+    a DateTimeException), a failure that depends on a cell's value."""
+    from pyspark.sql import functions as F
+
+    from dpspark import rowfilter
+    from dpspark.cli import main
+
+    cells = ["abc", "1e400", "NaN", "", "z" * 100_000, "\\", "2026-11-30", "7", None]
+    rng = np.random.default_rng(5)
+    pdf = pd.DataFrame({"id": np.arange(90), "x": 2.0 + rng.normal(0, 0.3, 90), "y": 2.0 + rng.normal(0, 0.3, 90),
+                        "s": [cells[i % len(cells)] for i in range(90)],
+                        "raw": [b"\xff\xfe" if i % 4 == 0 else b"ok" for i in range(90)]})
+    table = str(tmp_path / "hostile")
+    (connect.createDataFrame(pdf).withColumn("u", F.col("raw").cast("string")).drop("raw")
+     .repartition(3).write.format("delta").save(table))
+    where = ("s = 1 OR isnan(s) OR year(s) = 2026 OR hour(u) = 1 OR coalesce(s, 0) = 7 OR s BETWEEN 1 AND 5 "
+             "OR u > DATE '2026-01-01' OR to_date(s) IS NULL")
+    saved = connect.conf.get(ANSI)
+    try:
+        connect.conf.set(ANSI, "true")
+        df = connect.read.format("delta").load(table)
+        with pytest.raises(Exception, match="CAST_INVALID_INPUT|CANNOT_PARSE|cannot be cast"):
+            df.where(rowfilter.to_column(rowfilter.parse(where), df.columns)).count()  # what the pin prevents
+        key = tables.ledger_key_of(connect, table)
+        ledger_path = str(tmp_path / "ledger")
+        Ledger(connect, ledger_path).set_budget(key, 3.0, 0.0)
+        capsys.readouterr()
+        cfg = _config(tmp_path, table, ledger_path, **{"input.where": where})
+        code = main(["run", "--config", cfg, "--run-id", "hostile", "--json"], spark=connect)
+    finally:
+        connect.conf.set(ANSI, saved)
+    outcome = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and outcome["status"] == "succeeded", outcome
+    assert Ledger(connect, ledger_path).totals(key).spent_epsilon == pytest.approx(1.0)
+
+
+def test_random_filters_from_the_grammar_never_raise_on_hostile_rows_through_connect(connect, tmp_path):
+    """tests/test_where_filter.py's random filters and hostile rows, through ``rowfilter.apply`` on the
+    Connect session (the server's default ANSI mode on before each): each filter is either refused
+    (ConfigError, before any job) or accepted with ANSI left off; the accepted ones then run in one
+    job, analysed again by the server as a run's fit is, without raising on any row."""
+    import datetime as dt
+    import random
+
+    from pyspark.sql import functions as F
+
+    from dpspark import rowfilter
+    from dpspark.errors import ConfigError
+    from test_where_filter import HOSTILE_SCHEMA, hostile_rows, random_filter
+
+    # Timestamps at year 1 do not convert on the client (its time zone): sent as text, cast by the server.
+    rows = [tuple(v.isoformat(sep=" ") if isinstance(v, dt.datetime) else v for v in row) for row in hostile_rows()]
+    path = str(tmp_path / "hostile")
+    (connect.createDataFrame(rows, HOSTILE_SCHEMA.replace("t timestamp", "t string"))
+     .withColumn("t", F.col("t").cast("timestamp")).withColumn("u", F.col("b").cast("string"))
+     .select(*[c.split()[0] for c in HOSTILE_SCHEMA.split(", ")], "u").repartition(3).write.parquet(path))
+    saved = connect.conf.get(ANSI)
+    try:
+        df = connect.read.parquet(path)
+        r = random.Random(2028)
+        built = []
+        for text in [random_filter(r) for _ in range(100)]:
+            connect.conf.set(ANSI, "true")
+            try:
+                rowfilter.apply(connect, df, text)
+            except ConfigError:
+                continue
+            assert connect.conf.get(ANSI) == "false"
+            built.append(text)
+        names = list(df.columns)
+        row = df.select(*[F.sum(F.when(rowfilter.to_column(rowfilter.parse(t), names), 1).otherwise(0)).alias(f"c{i}")
+                          for i, t in enumerate(built)]).first()  # raises if any filter raises on any row
+    finally:
+        connect.conf.set(ANSI, saved)
+    assert len(built) >= 35
+    assert all(0 <= row[f"c{i}"] <= 9 for i in range(len(built)))
+
+
+def test_a_server_that_does_not_keep_ansi_off_refuses_the_filter_before_the_charge(connect, data, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """``rowfilter.pin_non_ansi`` verifies the pin twice before any charge: the setting read back (a
+    server that reads back anything but 'false'), and a probe on a constant row (a server that says
+    'false' but still casts with ANSI mode on: here the setting is dropped on its way). Both runs exit
+    2 naming input.where, with nothing charged and nothing in the ledger."""
+    from pyspark.sql.connect.conf import RuntimeConf
+
+    from dpspark.cli import main
+
+    real_get, real_set = RuntimeConf.get, RuntimeConf.set
+    ledger_path = str(tmp_path / "ledger")
+    Ledger(connect, ledger_path).set_budget(data.key, 3.0, 0.0)
+    cfg = _config(tmp_path, data.table, ledger_path, **{"input.where": "x > 1"})
+    saved = connect.conf.get(ANSI)
+    capsys.readouterr()
+    try:
+        connect.conf.set(ANSI, "true")
+        monkeypatch.setattr(RuntimeConf, "get", lambda self, key, *default: "true" if key == ANSI
+                            else real_get(self, key, *default))
+        assert main(["run", "--config", cfg, "--run-id", "p1"], spark=connect) == 2
+        err = capsys.readouterr().err
+        assert "input.where" in err and "reads back 'true'" in err, err
+        real_set(connect.conf, ANSI, "true")
+        monkeypatch.setattr(RuntimeConf, "set", lambda self, key, value: None if key == ANSI
+                            else real_set(self, key, value))
+        monkeypatch.setattr(RuntimeConf, "get", lambda self, key, *default: "false" if key == ANSI
+                            else real_get(self, key, *default))
+        assert main(["run", "--config", cfg, "--run-id", "p2"], spark=connect) == 2
+        err = capsys.readouterr().err
+        assert "input.where" in err and "still casts with ANSI mode on" in err, err
+    finally:
+        monkeypatch.undo()
+        connect.conf.set(ANSI, saved)
+    ledger = Ledger(connect, ledger_path)
+    assert ledger.totals(data.key).spent_epsilon == 0.0
+    assert ledger.runs() == []  # no started, charged or refused event
+
+
+def test_a_filter_the_server_cannot_analyse_is_refused_before_the_charge(connect, data, tmp_path, capsys):
+    """A Connect client gives a filter its child's cached schema without asking the server, so a filter
+    that does not analyse on this table (not a boolean; a bigint compared with a date) would only fail
+    at the fit's first action, after the charge. ``apply_connect`` has the server analyse the Filter
+    itself (``semanticHash``) before the charge: exit 2 naming input.where, nothing charged. Fails with
+    ``schema`` in its place (the run is charged, then fails with exit 1)."""
+    from dpspark.cli import main
+
+    ledger_path = str(tmp_path / "ledger")
+    Ledger(connect, ledger_path).set_budget(data.key, 3.0, 0.0)
+    saved = connect.conf.get(ANSI)
+    capsys.readouterr()
+    try:
+        for i, where in enumerate(["x", "id = DATE '2026-11-30'", "startswith(x, y) > DATE '2026-11-30'"]):
+            cfg = _config(tmp_path, data.table, ledger_path, **{"input.where": where})
+            assert main(["run", "--config", cfg, "--run-id", f"a{i}"], spark=connect) == 2, where
+            err = capsys.readouterr().err
+            assert "input.where" in err and "not a valid predicate on this table" in err, err
+    finally:
+        connect.conf.set(ANSI, saved)
+    ledger = Ledger(connect, ledger_path)
+    assert ledger.totals(data.key).spent_epsilon == 0.0
+    assert ledger.runs() == []

@@ -303,3 +303,167 @@ def test_a_config_may_only_tune_parallelism(key):
         validate(config("/t", None, spark={"conf": {key: "1"}}))
     ok = validate(config("/t", None, spark={"conf": {"spark.sql.adaptive.enabled": "true", "spark.ui.enabled": "false"}}))
     assert dict(ok.spark.conf)["spark.sql.adaptive.enabled"] == "true"
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark Connect (issue 54, item 2): ANSI pinned off, and a check from the table's column types.
+# What needs no Connect server is tested here on the classic session, through the DataFrame API
+# only; tests/test_connect.py runs the same path against a real server.
+
+@pytest.fixture
+def ansi_back(spark):
+    """The shared session's ANSI setting, put back after a test that pins it off."""
+    saved = spark.conf.get("spark.sql.ansi.enabled")
+    yield saved
+    spark.conf.set("spark.sql.ansi.enabled", saved)
+
+
+def classic_verdict(spark, df, text: str) -> str:
+    """'analysis' (Spark cannot analyse it on this table), 'ok', or the analysed-plan check's problem:
+    the classic path (``rowfilter.apply``), step by step."""
+    node = rowfilter.parse(text)
+    saved = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", "false")
+    try:
+        try:
+            filtered = df.where(rowfilter.to_column(node, df.columns))
+        except Exception:
+            return "analysis"
+        try:
+            rowfilter.check_analysed(filtered, text)
+        except ConfigError as exc:
+            return str(exc)
+        return "ok"
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", saved)
+
+
+def schema_of(df):
+    return [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
+
+
+def test_the_connect_rule_refuses_everything_the_analysed_plan_check_refuses(spark, hostile):
+    """Every function of the grammar on every column type, every two-argument string test and every
+    comparison on every pair (a binary coalesce too): wherever the classic analysed-plan check refuses
+    a filter Spark can analyse, ``connect_problem`` (column types only) refuses it too, and it refuses
+    nothing else of these (all their columns are atomic). Fails if Spark's builders make another
+    node kind out of the grammar for some argument type (then connect_problem must learn it)."""
+    from pyspark.sql import functions as F
+
+    df = hostile.withColumn("c", F.col("s").cast("char(3)")).withColumn("ntz", F.col("t").cast("timestamp_ntz"))
+    fields = schema_of(df)
+    cols = [name for name, _ in fields]
+    operands = ["b", "s", "u", "c", "i", "x", "dec", "d", "t", "ntz", "flag", "coalesce(b, NULL)", "NULL", "'x'", "7"]
+    texts = [f"{fn}({c}) IS NULL" for fn in ONE_ARG for c in cols]
+    texts += [f"{fn}({a}, {b})" for fn in TWO_ARG for a in operands for b in operands]
+    texts += [f"{a} = {b}" for a in operands + ["DATE '2026-11-30'", "2.5", "1e308"] for b in cols]
+    texts += [f"coalesce({a}, {b}) IS NULL" for a in ["b", "s", "i", "d", "t", "NULL"] for b in cols]
+    refused_by_both = 0
+    for text in texts:
+        classic = classic_verdict(spark, df, text)
+        if classic == "analysis":
+            continue
+        connect = rowfilter.connect_problem(rowfilter.parse(text), fields)
+        if classic != "ok":
+            assert connect is not None, (text, classic)
+            refused_by_both += 1
+        else:
+            assert connect is None, (text, connect)
+    assert refused_by_both == 12  # startswith/endswith/contains of b or coalesce(b, NULL), twice
+
+
+def test_the_connect_rule_reads_only_atomic_columns():
+    fields = [("x", "double"), ("B", "binary"), ("s", "string"), ("a", "array<int>"), ("st", "struct<v:int>"),
+              ("iv", "interval day to second"), ("cs", "string collate UTF8_LCASE"), ("tm", "time(6)"), ("v", "variant")]
+    problem = rowfilter.connect_problem
+    assert problem(rowfilter.parse("x > 1 AND contains(s, 'a') AND startswith(b, s) AND B = 'x'"), fields) is None
+    for name, kind in fields[3:]:
+        assert f"column {name!r} has type {kind}" in problem(rowfilter.parse(f"{name} IS NULL"), fields)
+    for text in ["startswith(b, B)", "endswith(coalesce(s, b), b)", "contains(coalesce(b, NULL), coalesce(NULL, B))"]:
+        assert "of two binary values is not allowed" in problem(rowfilter.parse(text), fields), text
+    assert problem(rowfilter.parse("contains(b, coalesce(s, 'x'))"), [("b", "binary"), ("s", "string")]) is None
+    assert problem(rowfilter.parse("contains(b, 'x') AND startswith(b, NULL)"), fields) is None
+    with pytest.raises(ConfigError, match="column 'nope' not found"):
+        problem(rowfilter.parse("nope = 1"), fields)
+
+
+class _Conf:
+    """A session's conf as a Connect server might keep it: ``reads`` what get returns; ``keeps``: set
+    reaches the real session."""
+
+    def __init__(self, real, reads=None, keeps=True, refuses=False):
+        self.real, self.reads, self.keeps, self.refuses = real, reads, keeps, refuses
+
+    def set(self, key, value):
+        if self.refuses:
+            raise RuntimeError("[CANNOT_MODIFY_CONFIG] Cannot modify the value of the Spark config")
+        if self.keeps:
+            self.real.set(key, value)
+
+    def get(self, key, *default):
+        return self.reads if self.reads is not None else self.real.get(key, *default)
+
+
+class _Session:
+    def __init__(self, spark, **conf):
+        self.spark, self.conf = spark, _Conf(spark.conf, **conf)
+
+    def createDataFrame(self, *args, **kwargs):
+        return self.spark.createDataFrame(*args, **kwargs)
+
+
+def test_the_pin_is_read_back_and_probed_before_anything_else(spark, ansi_back):
+    """``pin_non_ansi`` sets ANSI off and keeps it off (a Connect server analyses the plan again at
+    every action: it is never put back), then verifies it twice: the setting read back, and a constant
+    row whose implicit cast raises under ANSI mode. A server that refuses the setting, reads back
+    another value, or says 'false' while still casting with ANSI mode on is refused (ConfigError on
+    input.where, which a run raises before any charge)."""
+    spark.conf.set("spark.sql.ansi.enabled", "true")
+    rowfilter.pin_non_ansi(spark)
+    assert spark.conf.get("spark.sql.ansi.enabled") == "false"
+    spark.conf.set("spark.sql.ansi.enabled", "true")
+    cases = {"refused the setting": dict(refuses=True), "reads back 'true'": dict(reads="true", keeps=False),
+             "still casts with ANSI mode on": dict(reads="false", keeps=False)}
+    for message, conf in cases.items():
+        with pytest.raises(ConfigError, match=rf"input.where.*{message}.*classic session"):
+            rowfilter.pin_non_ansi(_Session(spark, **conf))
+        assert spark.conf.get("spark.sql.ansi.enabled") == "true"
+
+
+def test_the_connect_path_selects_the_classic_rows_and_never_raises_on_hostile_rows(spark, hostile, ansi_back,
+                                                                                    monkeypatch):
+    """``rowfilter.apply`` on a session taken for a Connect one (``apply_connect``: the DataFrame API
+    only) on the classic session, for 80 random filters: it accepts only filters the classic path
+    accepts, keeps the same rows, and leaves ANSI off, under which every accepted filter runs on the
+    hostile rows in one job without raising. Fails if the pin is put back (the last assert) or if
+    the type check lets through what the analysed-plan check refuses."""
+    import dpspark.session
+    from pyspark.sql import functions as F
+
+    r = random.Random(54)
+    texts = [random_filter(r) for _ in range(80)]
+    spark.conf.set("spark.sql.ansi.enabled", "true")
+    classic = {}
+    for text in texts:
+        try:
+            classic[text] = rowfilter.apply(spark, hostile, text)
+        except ConfigError:
+            pass
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"  # the classic path puts the setting back
+    monkeypatch.setattr(dpspark.session, "is_connect", lambda session: True)
+    accepted = {}
+    for text in texts:
+        try:
+            accepted[text] = rowfilter.apply(spark, hostile, text)
+        except ConfigError as exc:
+            assert "not a valid predicate" in str(exc) or "BinaryPredicate" in str(exc), (text, str(exc))
+    assert len(accepted) >= 25 and set(accepted) <= set(classic)
+    assert spark.conf.get("spark.sql.ansi.enabled") == "false"  # pinned: never put back
+    # As a Connect server runs them: analysed again at execution, with the session's (pinned) setting.
+    names = list(hostile.columns)
+    counts = hostile.select(*[F.sum(F.when(rowfilter.to_column(rowfilter.parse(t), names), 1).otherwise(0)).alias(f"c{i}")
+                              for i, t in enumerate(accepted)]).first()  # raises if any filter raises on any row
+    for i, (text, filtered) in enumerate(accepted.items()):
+        assert 0 <= counts[f"c{i}"] <= 9
+        if i < 6:
+            assert counts[f"c{i}"] == classic[text].count() == filtered.count(), text
