@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Utility benchmark: dpspark (auto and every family) vs non-private k-means and two DP peers (issues 7, 14).
+"""Utility benchmark: dpspark (auto and every family) vs non-private k-means and three DP peers (issues 7, 14, 51).
 
 Methods (all k-means objective, so one cost ratio compares them all):
 
@@ -18,8 +18,14 @@ Methods (all k-means objective, so one cost ratio compares them all):
   diffprivlib``, older scikit-learn if needed); ``google_lsh``: Google's LSH-tree private coreset clustering
   from ``../shared/peers/google-dp-clustering/learning`` (``.cache/google-peer-venv`` with absl-py,
   dp-accounting, scikit-learn, scipy, numpy), ``private_lsh_clustering(k, Data(X, radius=sqrt(d)),
-  DifferentialPrivacyParam(epsilon, delta=1e-6))`` on the data in [-1, 1]^d. A peer whose venv or code is
-  missing is skipped with the reason in results.md; ``--no-peer`` skips both.
+  DifferentialPrivacyParam(epsilon, delta=1e-6))`` on the data in [-1, 1]^d; ``pe_means``: PE-means (arXiv
+  2606.00342, github.com/t3humphries/PE-means, from ``$PEMEANS_SRC`` or ``.cache/pe-means-src``, cloned if missing;
+  ``.cache/pemeans-peer-venv`` with faiss-cpu==1.13.2 as it pins, and Google's ``clustering`` package above for
+  its Data/ClusteringResult classes), ``pe_means`` with its defaults (experiments/run_ours.py) on the same data,
+  radius sqrt(d), delta = 1e-6, with n KEPT PRIVATE: 1% of epsilon on a Laplace count whose rounded value (>= 1)
+  replaces the true n (truncation threshold, population size L), 99% to PE-means; never its HDPE variant. A
+  peer whose venv or code is missing is skipped with the reason in results.md; ``--no-peer`` skips all three,
+  ``--peers`` selects some.
 
 Defaults: every shared dataset (s1, a3, birch2, unbalance, skin_segmentation, blood_transfusion, tripadvisor_review,
 electrical_grid_stability, adult, google_review_ratings, credit_card_clients), WHOLE (``--max-rows`` caps them),
@@ -104,7 +110,16 @@ GOOGLE = "google_lsh"
 GOOGLE_VENV = ROOT / ".cache" / "google-peer-venv"
 GOOGLE_PATH = (ROOT / ".." / "shared" / "peers" / "google-dp-clustering" / "learning").resolve()
 GOOGLE_PACKAGES = ["absl-py", "dp-accounting", "scikit-learn", "scipy", "numpy"]
-PEERS = [PEER, GOOGLE]
+PEMEANS = "pe_means"
+PEMEANS_VENV = ROOT / ".cache" / "pemeans-peer-venv"
+PEMEANS_URL = "https://github.com/t3humphries/PE-means"
+PEMEANS_SRC_ENV = "PEMEANS_SRC"  # a checkout of PEMEANS_URL; else .cache/pe-means-src (cloned if missing)
+PEMEANS_CACHE = ROOT / ".cache" / "pe-means-src"
+# faiss-cpu as envs/pe_means.yml pins; its `clustering` package (Data, DifferentialPrivacyParam, ClusteringResult)
+# is a fork of Google's learning/clustering: Google's code at GOOGLE_PATH (same API) is used, so its deps too.
+PEMEANS_PACKAGES = ["faiss-cpu==1.13.2", "numpy", "scipy", "scikit-learn", "absl-py", "dp-accounting"]
+PEMEANS_COUNT_SHARE = 0.01  # share of epsilon on the Laplace-noised count that replaces the true n
+PEERS = [PEER, GOOGLE, PEMEANS]
 NONPRIVATE = "nonprivate"
 
 # Full run: every shared dataset, whole (--max-rows: uniform subsample without replacement, fixed seed).
@@ -564,6 +579,125 @@ def run_google_peer(py: Path, ds: dict, epsilons, reps: int, seeded: bool, workd
 
 
 # ---------------------------------------------------------------------------
+# The third peer: PE-means (private evolution of candidate centers), in its own venv, with n kept private
+
+PEMEANS_RUNNER = r"""
+import functools, json, sys, time, types
+import numpy as np
+spec = json.load(open(sys.argv[1]))
+from importlib import metadata
+from clustering import clustering_params
+import src.pe_means_main as pm
+from src.helpers import PE_PARAMS
+x = np.load(spec["x"])  # already scaled to [-1, 1]^d with the public bounds
+n, d = x.shape
+k, delta, share = int(spec["k"]), float(spec["delta"]), float(spec["count_share"])
+radius = float(np.sqrt(d))  # the public box's ball, as for google_lsh
+data = clustering_params.Data(x, radius=radius)
+orig_threshold, orig_pack = pm.find_threshold, pm.pack_in_sphere
+# pe_means computes a NON-private per-generation loss for its history only (not an output): skip that work.
+pm.clustering_algorithm = types.SimpleNamespace(ClusteringResult=lambda data, centers: types.SimpleNamespace(loss=float("nan")))
+out = {"versions": {p: metadata.version(p) for p in ("faiss-cpu", "scikit-learn", "numpy", "scipy")},
+       "radius": radius, "pe_params": dict(PE_PARAMS), "runs": []}
+for eps, rep, seed in spec["tasks"]:
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)  # None: OS entropy (unseeded)
+    try:
+        eps_n = share * float(eps)
+        eps_pe = float(eps) - eps_n
+        # n kept private: a Laplace count (sensitivity 1) with eps_n, rounded and clipped at >= 1, wherever PE-means
+        # uses n (the truncation threshold's dataset_size and L = max(n / (5 k), 4)); delta fixed, not 1 / n^1.1.
+        n_noisy = max(1, int(round(n + rng.laplace(0.0, 1.0 / eps_n))))
+        pm.find_threshold = lambda utilitys, dataset_size, _n=n_noisy: orig_threshold(utilitys, _n)
+        pm.pack_in_sphere = functools.partial(orig_pack, seed=int(rng.integers(2**31)))  # its init is unseeded as coded
+        # experiments/run_ours.py: generations int(4 sqrt(d)) (x eps above eps 1), L = max(n / (5 k), 4), PE_PARAMS.
+        base_gens = int(4 * np.sqrt(d))
+        gens = max(int(eps_pe * base_gens), 1) if eps_pe > 1.0 else max(base_gens, 1)
+        cfg = dict(PE_PARAMS, k=k, eps=eps_pe, num_gen=gens, L=int(max(n_noisy / (5 * k), 4)),
+                   run_id=int(rng.integers(2**31)))
+        _, centers, _ = pm.pe_means(k, data, cfg, clustering_params.DifferentialPrivacyParam(epsilon=eps_pe, delta=delta),
+                                    visualize=False)
+        out["runs"].append({"epsilon": eps, "rep": rep, "centers": np.asarray(centers, dtype=float).tolist(),
+                            "n_noisy": n_noisy, "generations": gens, "L_final": cfg["L"],
+                            "seconds": time.perf_counter() - t0, "error": ""})
+    except Exception as exc:
+        out["runs"].append({"epsilon": eps, "rep": rep, "centers": None, "seconds": time.perf_counter() - t0,
+                            "error": repr(exc)[:300]})
+json.dump(out, open(spec["out"], "w"))
+"""
+
+_pemeans_src: Path | None = None  # the checkout ensure_pemeans_venv found
+
+
+def pemeans_source(status: dict) -> Path | None:
+    """The PE-means checkout: $PEMEANS_SRC, else .cache/pe-means-src (``git clone PEMEANS_URL`` into it if missing).
+    None, with the reason in ``status["skipped"]``, if there is none."""
+    env_src = os.environ.get(PEMEANS_SRC_ENV)
+    src = Path(env_src).resolve() if env_src else PEMEANS_CACHE
+    if not env_src and not (src / "src" / "pe_means_main.py").exists():
+        try:
+            r = subprocess.run(["git", "clone", "-q", "--depth", "1", PEMEANS_URL, str(src)], capture_output=True,
+                               text=True, timeout=300)
+            if r.returncode != 0:
+                status["clone_error"] = r.stderr.strip()[-300:]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            status["clone_error"] = repr(exc)[:300]
+    if not (src / "src" / "pe_means_main.py").exists():
+        status["skipped"] = (f"PE-means code not found at {src} ({'$' + PEMEANS_SRC_ENV if env_src else 'git clone ' + PEMEANS_URL + ' failed'}; "
+                             f"set {PEMEANS_SRC_ENV} to a checkout): pe_means not run")
+        return None
+    r = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True)
+    status["source"] = str(src)
+    status["commit"] = r.stdout.strip() if r.returncode == 0 else "?"
+    return src
+
+
+def ensure_pemeans_venv(status: dict) -> Path | None:
+    """Create .cache/pemeans-peer-venv (PEMEANS_PACKAGES: faiss-cpu as PE-means pins) and check that PE-means imports
+    from its checkout with Google's ``clustering`` package (the API of its dp_clustering fork). None (the peer is
+    skipped, with the reason in ``status``) if any of that fails."""
+    global _pemeans_src
+    src = pemeans_source(status)
+    if src is None:
+        return None
+    if not (GOOGLE_PATH / "clustering" / "clustering_params.py").exists():
+        status["skipped"] = f"Google's clustering package (PE-means' Data/ClusteringResult) not found at {GOOGLE_PATH}: pe_means not run"
+        return None
+    env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{GOOGLE_PATH}")
+    env.pop("VIRTUAL_ENV", None)
+    py = _venv_with(PEMEANS_VENV, [(PEMEANS_PACKAGES, None)],
+                    "import faiss; from clustering import clustering_params; import src.pe_means_main", status, env=env)
+    _pemeans_src = src if py is not None else None
+    return py
+
+
+def run_pemeans_peer(py: Path, ds: dict, epsilons, reps: int, seeded: bool, workdir: Path) -> tuple[list[dict], dict]:
+    """``reps`` runs per epsilon of ``pe_means`` (run_ours.py defaults) on the unit-box data, radius sqrt(d), with
+    n kept private (PEMEANS_COUNT_SHARE of epsilon on a Laplace count), (1 - share) epsilon and DELTA to PE-means."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    xp = workdir / f"{ds['name']}.unit.npy"
+    np.save(xp, ds["unit"])
+    tasks = [[e, r, task_seed(ds["name"], PEMEANS, e, r) if seeded else None]
+             for e in epsilons for r in range(reps)]
+    spec = {"x": str(xp), "k": ds["k"], "delta": DELTA, "count_share": PEMEANS_COUNT_SHARE, "tasks": tasks,
+            "out": str(workdir / f"{ds['name']}.pemeans.json")}
+    out = run_runner(py, "pemeans", PEMEANS_RUNNER, workdir, spec, f"{ds['name']}.pemeans",
+                     pythonpath=f"{_pemeans_src}{os.pathsep}{GOOGLE_PATH}")
+    rows = []
+    for run in out["runs"]:
+        row = {"dataset": ds["name"], "method": PEMEANS, "epsilon": run["epsilon"], "rep": run["rep"],
+               "seconds": run["seconds"], "error": run["error"],
+               "info": json.dumps({k: run.get(k) for k in ("n_noisy", "generations", "L_final")})}
+        if run["centers"] is not None:
+            row.update(cost=bc.kmeans_cost(ds["unit"], np.array(run["centers"], dtype=np.float64)),
+                       epsilon_spent=float(run["epsilon"]), delta_spent=DELTA)
+        else:
+            row.update(cost=float("nan"), epsilon_spent=float("nan"), delta_spent=float("nan"))
+        rows.append(row)
+    return rows, out
+
+
+# ---------------------------------------------------------------------------
 # Aggregation and outputs
 
 
@@ -718,6 +852,34 @@ def google_section(google_meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pemeans_section(meta: dict) -> str:
+    lines = ["## Peer: PE-means (`pe_means`, n kept private)", ""]
+    outs = meta.get("outputs") or {}
+    status = meta.get("status", {})
+    if not outs:
+        return "\n".join(lines + ["Not run: " + json.dumps(status), ""]) + "\n"
+    first = next(iter(outs.values()))
+    lines += [
+        f"Code: PE-means (arXiv 2606.00342, {PEMEANS_URL}, commit {status.get('commit', '?')[:12]}), unchanged, run "
+        f"from its checkout ({PEMEANS_SRC_ENV} or `.cache/pe-means-src`) as a subprocess in `.cache/pemeans-peer-venv` "
+        f"(versions {json.dumps(first.get('versions', {}))}), with Google's `clustering` package (above) for the "
+        "Data / DifferentialPrivacyParam classes of its dp_clustering fork. Call: `src.pe_means_main.pe_means(k, "
+        "Data(X, radius=sqrt(d)), cfg, DifferentialPrivacyParam(0.99 epsilon, delta=1e-6))`, X = the same [-1, 1]^d "
+        f"scaling as every other method; cfg = its defaults (`src/helpers.PE_PARAMS` {json.dumps(first.get('pe_params', {}))} "
+        "and experiments/run_ours.py's schedule: int(4 sqrt(d)) generations, times epsilon above 1, L = max(n / (5 k), 4)). "
+        "Its per-generation non-private loss (history only, not an output) is not computed.", "",
+        f"Privacy: n KEPT PRIVATE. As published it uses the true n (truncation threshold, population size L, delta = "
+        f"1 / n^1.1); here {PEMEANS_COUNT_SHARE:.0%} of epsilon goes to a Laplace count (scale 1 / ({PEMEANS_COUNT_SHARE:g} "
+        f"epsilon), rounded, >= 1) that replaces n everywhere, the rest to PE-means with delta = {DELTA:g}: "
+        f"(epsilon, {DELTA:g})-DP for add/remove-one neighbours (the vote histogram has L2 sensitivity 1; its Gaussian "
+        "noise is calibrated over the generations by its own `get_noise_multiplier`). Caveats: with n public (as "
+        "published), replace-one neighbours move two votes, L2 sensitivity sqrt(2), so its real epsilon at a nominal "
+        "1 is about 1.46; its high-dimensional variant HDPE (`hdpe_means`, d > 32) adds one scalar noise draw per "
+        "cluster sum and is not private as coded: it is never used here. Randomness: numpy's global generator and its "
+        "sphere-packing init, seeded per run only with --seeded (the Laplace count draws from its own generator).", ""]
+    return "\n".join(lines) + "\n"
+
+
 def _median_at(summary, name, method, eps):
     r = next((r for r in summary if r["dataset"] == name and r["method"] == method and r["epsilon"] == eps), None)
     if r is None:
@@ -741,10 +903,10 @@ def target_rows(summary: list[dict], names: list[str]) -> list[dict]:
         explicit = [(med(m, TARGET_EPS), m) for m in EXPLICIT_METHODS]
         explicit = [(v, m) for v, m in explicit if np.isfinite(v)]
         best, best_name = min(explicit) if explicit else (float("nan"), "")
-        dpl, goo = med(PEER, TARGET_EPS), med(GOOGLE, TARGET_EPS)
+        dpl, goo, pem = med(PEER, TARGET_EPS), med(GOOGLE, TARGET_EPS), med(PEMEANS, TARGET_EPS)
 
         def better_peer(eps):
-            v = [x for x in (med(PEER, eps), med(GOOGLE, eps)) if np.isfinite(x)]
+            v = [x for x in (med(p, eps) for p in PEERS) if np.isfinite(x)]
             return min(v) if v else float("nan")
 
         peer1 = better_peer(TARGET_EPS)
@@ -757,7 +919,7 @@ def target_rows(summary: list[dict], names: list[str]) -> list[dict]:
         c = None if any(v is None for v in side.values()) else all(side.values())
         out.append({"dataset": name, "auto": auto, "maxcover": med(MAXCOVER, TARGET_EPS),
                     "best_explicit": best, "best_explicit_method": best_name,
-                    "diffprivlib": dpl, "google_lsh": goo, "better_peer": peer1, "a": a, "b": b, "c": c, "c_by_eps": side})
+                    "diffprivlib": dpl, "google_lsh": goo, "pe_means": pem, "better_peer": peer1, "a": a, "b": b, "c": c, "c_by_eps": side})
     return out
 
 
@@ -772,7 +934,7 @@ def targets_markdown(targets: list[dict], summary: list[dict]) -> str:
             return "failed" if r is not None and r["failures"] == r["runs"] else "-"
         return f"{v:.4g}"
 
-    header = ["dataset", f"auto (eps={TARGET_EPS:g})", "best explicit", "diffprivlib", "google_lsh",
+    header = ["dataset", f"auto (eps={TARGET_EPS:g})", "best explicit", "diffprivlib", "google_lsh", "pe_means",
               f"(a) excess <= {TARGET_EXCESS_FRACTION:g} x better peer's",
               f"(b) <= {TARGET_EXPLICIT_FACTOR:.2f} x best explicit",
               "(c) <= better peer at eps " + ", ".join(f"{e:g}" for e in TARGET_SIDE_EPS)]
@@ -784,8 +946,8 @@ def targets_markdown(targets: list[dict], summary: list[dict]) -> str:
         rows.append([t["dataset"], num(t["auto"], t["dataset"], AUTO),
                      f"{num(t['best_explicit'])} ({t['best_explicit_method']})" if t["best_explicit_method"] else "-",
                      num(t["diffprivlib"], t["dataset"], PEER), num(t["google_lsh"], t["dataset"], GOOGLE),
-                     _verdict(t["a"]), _verdict(t["b"]), c])
-    return bh.markdown_table(header, rows, ["l", "r", "r", "r", "r", "l", "l", "l"])
+                     num(t.get("pe_means", float("nan")), t["dataset"], PEMEANS), _verdict(t["a"]), _verdict(t["b"]), c])
+    return bh.markdown_table(header, rows, ["l", "r", "r", "r", "r", "r", "l", "l", "l"])
 
 
 def readme_markdown(targets: list[dict], datasets: list[dict], reps: str) -> str:
@@ -798,13 +960,14 @@ def readme_markdown(targets: list[dict], datasets: list[dict], reps: str) -> str
         ds = by[t["dataset"]]
         rows.append([f"{t['dataset']} (n={ds['n']}, d={ds['d']}, k={ds['k']})", f(t["auto"]), f(t.get("maxcover", float("nan"))),
                      f"{f(t['best_explicit'])} ({t['best_explicit_method']})" if t["best_explicit_method"] else "-",
-                     f(t["diffprivlib"]), f(t["google_lsh"])])
+                     f(t["diffprivlib"]), f(t["google_lsh"]), f(t.get("pe_means", float("nan")))])
     return (f"Median k-means cost ratio at epsilon = {TARGET_EPS:g} (cost of the released centers / cost of non-private "
             f"k-means++ best of 10; 1 = as good, lower is better; {reps} runs per cell; data scaled to [-1, 1]^d with "
             "public per-column bounds). diffprivlib at its nominal epsilon (it really spends a different one, see "
-            "bench/results/utility/results.md); google_lsh and maxcover spend delta = 1e-6.\n\n"
+            "bench/results/utility/results.md); google_lsh, pe_means (n kept private: 1% of epsilon on a noisy count) and "
+            "maxcover spend delta = 1e-6.\n\n"
             + bh.markdown_table(["dataset", "auto", "maxcover (default candidates)", "best explicit dpspark", "diffprivlib",
-                                 "google_lsh"], rows, ["l", "r", "r", "r", "r", "r"]) + "\n")
+                                 "google_lsh", "pe_means"], rows, ["l", "r", "r", "r", "r", "r", "r"]) + "\n")
 
 
 RUN_COLUMNS = ["dataset", "method", "epsilon", "rep", "cost", "epsilon_spent", "delta_spent", "seconds", "error", "info"]
@@ -813,7 +976,7 @@ RUN_COLUMNS = ["dataset", "method", "epsilon", "rep", "cost", "epsilon_spent", "
 def load_state(out_dir: Path | None) -> dict:
     """The accumulated table of an output folder (--append): runs, dataset metadata, peer notes, invocations.
     ``None``: an empty table."""
-    state = {"runs": [], "datasets": {}, "peers": {PEER: {"status": {}, "outputs": {}}, GOOGLE: {"status": {}, "outputs": {}}},
+    state = {"runs": [], "datasets": {}, "peers": {p: {"status": {}, "outputs": {}} for p in PEERS},
              "invocations": []}
     if out_dir is None:
         return state
@@ -871,8 +1034,8 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
     reps = sorted({str(inv["reps"]) for inv in invocations}) or ["?"]
     (out_dir / "readme_table.md").write_text(readme_markdown(targets, datasets, "/".join(reps)))
     m = bh.machine_description()
-    md = ["# Utility benchmark: dpspark (auto and every family) vs non-private k-means, diffprivlib and Google's LSH "
-          "clustering", "",
+    md = ["# Utility benchmark: dpspark (auto and every family) vs non-private k-means, diffprivlib, Google's LSH "
+          "clustering and PE-means", "",
           f"{len(runs)} DP runs from {len(invocations)} invocation(s) appended into one table (`--append`):", ""]
     md += [f"- `{inv['command']}` ({inv.get('date', '')}): engine {inv['engine']}, datasets "
            f"{', '.join(inv['datasets'])}, {inv['runs']} runs in {inv['elapsed_s']:.0f} s"
@@ -894,7 +1057,7 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
     seeded = any(inv.get("seeded") for inv in invocations)
     md += ["Engine: " + " ".join(notes),
            f"Noise: {'SEEDED in some invocations (reproducible, NOT private)' if seeded else 'secure (OpenDP) for dpspark; unseeded for the peers'}. "
-           f"maxcover and google_lsh: delta = {DELTA:g}; auto gets delta = {DELTA:g} and records what it spends; every "
+           f"maxcover, google_lsh and pe_means: delta = {DELTA:g}; auto gets delta = {DELTA:g} and records what it spends; every "
            "other method: pure epsilon-DP. `ldp` is LOCAL DP (each user's own report is epsilon-DP): a much stronger "
            "guarantee than the central model of the others.", "",
            "Datasets (whole unless a row cap is shown; public bounds from the data used): " + "; ".join(
@@ -908,8 +1071,8 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
                "d = 13 on this machine)."]
     md += ["", f"## Targets at epsilon = {TARGET_EPS:g} (and {', '.join(f'{e:g}' for e in TARGET_SIDE_EPS)})", "",
            f"Median cost ratios. Best explicit = the lowest median at eps {TARGET_EPS:g} among "
-           f"{', '.join(EXPLICIT_METHODS)}. Better peer = the lower median of diffprivlib and google_lsh at that "
-           f"epsilon (diffprivlib at its NOMINAL epsilon: see its real spend below). (a) auto's excess (ratio - 1) "
+           f"{', '.join(EXPLICIT_METHODS)}. Better peer = the lowest median of the peers run (diffprivlib, google_lsh, pe_means) at "
+           f"that epsilon (diffprivlib at its NOMINAL epsilon: see its real spend below). (a) auto's excess (ratio - 1) "
            f"<= {TARGET_EXCESS_FRACTION:g} x the better peer's excess at eps {TARGET_EPS:g}; (b) auto <= "
            f"{TARGET_EXPLICIT_FACTOR:.2f} x the best explicit at eps {TARGET_EPS:g}; (c) auto <= the better peer at "
            f"eps {' and '.join(f'{e:g}' for e in TARGET_SIDE_EPS)}. n/a = a number is missing (not run, or failed).", "",
@@ -967,7 +1130,7 @@ def write_outputs(state: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
             md.append("auto's route: " + "; ".join(f"{e}: " + ", ".join(f"{c} x{n}" for c, n in v.items())
                                                    for e, v in routes.items()) + ".")
         md.append("")
-    md += [peer_md, google_section(state["peers"][GOOGLE])]
+    md += [peer_md, google_section(state["peers"][GOOGLE]), pemeans_section(state["peers"][PEMEANS])]
     errors = [r for r in runs if r.get("error")]
     if errors:
         seen = {}
@@ -999,7 +1162,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="CI smoke run: blood_transfusion capped at 2000 rows, numpy "
                     "engine, eps 0.5 and 2, 2 reps, no auto")
-    ap.add_argument("--no-peer", action="store_true", help="skip both peers (diffprivlib and google_lsh)")
+    ap.add_argument("--no-peer", action="store_true", help="skip every peer (diffprivlib, google_lsh, pe_means)")
+    ap.add_argument("--peers", nargs="*", choices=PEERS, default=None, help=f"the peers to run (default: {' '.join(PEERS)})")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--append", action="store_true", help="add to the table already in --out (runs.csv, datasets.json): "
                     "this invocation's (dataset, method, epsilon) cells replace the same cells there, everything else "
@@ -1047,11 +1211,19 @@ def main(argv=None) -> int:
                   "reps": args.reps, "seeded": args.seeded, "max_rows": args.max_rows, "runs": 0, "elapsed_s": 0.0}
     state["invocations"].append(invocation)
     pythons = {}
+    peers = PEERS if args.peers is None else [p for p in PEERS if p in args.peers]
+    for p in PEERS:
+        state["peers"].setdefault(p, {"status": {}, "outputs": {}})
     if args.no_peer:
         for p in PEERS:
             state["peers"][p]["status"] = {"skipped": "--no-peer"}
     else:
-        for p, ensure in ((PEER, ensure_peer_venv), (GOOGLE, ensure_google_venv)):
+        for p in PEERS:
+            if p not in peers and not state["peers"][p].get("outputs"):
+                state["peers"][p]["status"] = {"skipped": "not in --peers"}
+        for p, ensure in ((PEER, ensure_peer_venv), (GOOGLE, ensure_google_venv), (PEMEANS, ensure_pemeans_venv)):
+            if p not in peers:
+                continue
             status: dict = {}
             pythons[p] = ensure(status)
             state["peers"][p]["status"] = status
@@ -1081,7 +1253,7 @@ def main(argv=None) -> int:
             tasks.sort(key=lambda t: (0 if t[1].startswith("maxcover") else 1, -t[2]))
             new = run_dpspark(ds, tasks, args.engine, args.workers, spark_engine)
             work = ROOT / ".cache" / "peer-work"
-            for p, runner in ((PEER, run_peer), (GOOGLE, run_google_peer)):
+            for p, runner in ((PEER, run_peer), (GOOGLE, run_google_peer), (PEMEANS, run_pemeans_peer)):
                 if pythons.get(p) is None:
                     continue
                 try:
