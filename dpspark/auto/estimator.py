@@ -13,11 +13,16 @@ configured (epsilon, delta); never the data:
   row count chooses a public grid of max(1000, 40 k) points, or the private grid cells when
   it shows at least ``maxcover.params.PRIVATE_MIN_SIGNAL`` points per cluster at this epsilon;
   (epsilon, delta)-DP.
+- d > ``GRID_MAX_DIM``, k-means, delta > 0 and ``EVOLUTION_MIN_K`` <= k <= ``EVOLUTION_MAX_K`` (many
+  clusters in mid dimensions): private evolution of candidate centers (``dpspark.steps.evolution``,
+  after PE-means): a noisy row count, then one Spark pass per generation counting each candidate's
+  nearest points, released with the discrete Gaussian (zCDP-composed), selection and mutation on the
+  driver; (epsilon, delta)-DP;
 - otherwise, k-means: the private LSH-tree coreset (``dpspark.steps.tree``) solved on the
   driver as the start of a few DP Lloyd steps on the full data, pure epsilon-DP;
 - otherwise, k-median: the same coreset solved by weighted k-median, pure epsilon-DP.
 
-The configured delta is an upper bound for auto: a pure route spends (epsilon, 0) and
+The configured delta is an upper bound for auto: a pure (tree) route spends (epsilon, 0) and
 says so; ``privacy_plan`` states what the run will spend before any data is read.
 
 Budget of the tree + Lloyd route (fractions of epsilon, public constants), in order:
@@ -60,7 +65,7 @@ from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.randomness import Randomness
 from dpspark.progress import step
-from dpspark.steps import tree
+from dpspark.steps import evolution, tree
 from dpspark.steps.lloyd import lloyd_min_count, lloyd_move, noisy_update
 from dpspark.steps.lloyd_pass import spark_aggregate
 
@@ -86,20 +91,30 @@ SOLUTIONS = 10  # coreset solutions (weighted k-means restarts) ...
 SELECT_SHARE = 0.05  # ... chosen privately on the data with this share of epsilon ...
 SELECT_MIN_SIGNAL = 100.0  # ... when n_hat eps / (d k) is at least this (else: the best on the coreset, free)
 OBJECTIVES = ("kmeans", "kmedian")
+# k-means with delta > 0 in d > GRID_MAX_DIM from this k on: the evolution route (dpspark.steps.evolution).
+EVOLUTION_MIN_K = 8
+# ... up to this k (a generation's selection is a weighted k-means of up to evolution.POPULATION_CAP candidates
+# with k restarts' work each; above it, the tree route, as for maxcover).
+EVOLUTION_MAX_K = 128
 
 ROUTES = {
     "maxcover": "maxcover with its default candidates (a noisy row count chooses the public grid or private grid cells)",
+    "evolution": "private evolution of candidate centers (noisy nearest-candidate votes per generation, PE-means)",
     "tree_lloyd": "private LSH-tree coreset, then DP Lloyd steps",
     "tree_kmedian": "private LSH-tree coreset, solved by weighted k-median",
 }
 
 
-def choose(dim: int, objective: str, delta: float) -> tuple[str, str]:
+def choose(dim: int, objective: str, delta: float, k: int | None = None) -> tuple[str, str]:
     """(route, why) from public inputs only."""
     if dim <= GRID_MAX_DIM and delta > 0:
         return "maxcover", (f"d={dim} <= {GRID_MAX_DIM} and delta={delta:g} > 0: maxcover, with a public grid or private "
                             "grid cells as candidates (a noisy row count picks one), is the most accurate method "
                             "measured in few dimensions")
+    if objective == "kmeans" and delta > 0 and k is not None and EVOLUTION_MIN_K <= k <= EVOLUTION_MAX_K:
+        return "evolution", (f"many clusters in mid dimensions (k={k} >= {EVOLUTION_MIN_K}, d={dim} > {GRID_MAX_DIM}, "
+                             f"delta={delta:g} > 0): private evolution of candidate centers beats the tree coreset "
+                             "there in the project's benchmark")
     why = (f"d={dim} > {GRID_MAX_DIM}: grid cells thin out in many dimensions, random hyperplane cells do not"
            if dim > GRID_MAX_DIM else "delta=0: maxcover needs delta > 0, the tree route is pure epsilon-DP")
     return ("tree_lloyd" if objective == "kmeans" else "tree_kmedian"), why
@@ -155,7 +170,7 @@ class AutoClustering:
             raise ValueError(f"objective={self.objective!r} should be one of {list(OBJECTIVES)}")
         if len(self.features) not in (1, self.domain.dim):
             raise ValueError(f"features={list(self.features)} should name {self.domain.dim} columns or one array column")
-        route, why = choose(self.domain.dim, self.objective, float(self.delta))
+        route, why = choose(self.domain.dim, self.objective, float(self.delta), int(self.k))
         if route == "maxcover" and int(self.k) > MAXCOVER_MAX_K:
             return (("tree_lloyd" if self.objective == "kmeans" else "tree_kmedian"),
                     f"k={self.k} > {MAXCOVER_MAX_K}: maxcover's driver work grows with k^2 (a grid of 40 k candidates, "
@@ -175,7 +190,7 @@ class AutoClustering:
     def privacy_plan(self) -> tuple[float, float]:
         """(epsilon, delta) that ``fit`` will spend: public, known before any data is read."""
         route, _ = self._validated()
-        return (float(self.epsilon), float(self.delta)) if route == "maxcover" else (float(self.epsilon), 0.0)
+        return (float(self.epsilon), float(self.delta)) if route in ("maxcover", "evolution") else (float(self.epsilon), 0.0)
 
     # -- fit -----------------------------------------------------------------------
 
@@ -191,6 +206,8 @@ class AutoClustering:
                                 **{key: v for key, v in model.parameters.items() if key not in ("k", "objective")}}
             model.info = {**model.info, "auto": chosen}
             return model
+        if route == "evolution":
+            return self._evolution(df, why, randomness, timings, operational)
         return self._tree(df, route, why, randomness, timings, operational)
 
     def _maxcover(self, randomness: Randomness):
@@ -213,6 +230,56 @@ class AutoClustering:
         finally:
             cached.unpersist()
 
+    def _evolution(self, df, why: str, randomness: Randomness, timings: dict, operational: dict | None) -> ClusteringModel:
+        unit_df, feature_names = tables.prepare_points(df, self.features, self.privacy_unit, self.domain, randomness.run_key)
+        columns = tables.unit_columns(self.domain.dim)
+        cached = unit_df.persist()
+        try:
+            aggregate = spark_aggregate(cached, columns)
+            return self.fit_votes(cached.count, lambda population: aggregate(population)[0], feature_names, randomness,
+                                  timings, operational)
+        finally:
+            cached.unpersist()
+
+    def fit_votes(self, exact_count, votes, feature_names, randomness: Randomness | None = None,
+                  timings: dict | None = None, operational: dict | None = None) -> ClusteringModel:
+        """The evolution route on given exact aggregations: ``exact_count()`` -> n, ``votes(population)`` -> exact
+        nearest-candidate counts (Spark passes in ``fit``; numpy references in tests). (epsilon, delta)-DP
+        (``dpspark.steps.evolution``)."""
+        route, why = self._validated()
+        if route != "evolution":
+            raise ValueError(f"fit_votes runs the evolution route only (chosen: {route})")
+        timings = {} if timings is None else timings
+        randomness = randomness or self.randomness or Randomness(self.seed)
+        epsilon, delta = float(self.epsilon), float(self.delta)
+        accountant = Accountant(epsilon, delta, randomness.noise)
+        plan = evolution.plan(epsilon, delta, self.domain.dim)
+        passes = {"count": 1, "votes": 0}
+
+        def counted_votes(population):
+            with step(f"auto pass: nearest-candidate votes of {population.shape[0]} candidates "
+                      f"(generation {passes['votes'] + 1}/{plan.generations})", timings):
+                out = votes(population)
+            passes["votes"] += 1
+            return out
+
+        result = evolution.evolve(exact_count, counted_votes, self.domain, int(self.k), plan, accountant,
+                                  randomness.public_rng("auto.evolution"))
+        accountant.finish()
+        if operational is not None:
+            operational["spark_passes"] = sum(passes.values())
+            operational["passes_by_kind"] = passes
+        chosen = {"route": route, "method": ROUTES[route], "why": why, "noisy_rows": result.noisy_n,
+                  "evolution": result.info}
+        return ClusteringModel(
+            algorithm=self.name, objective=self.objective, centers=self.domain.from_unit(result.centers),
+            noisy_weights=result.weights, epsilon_spent=accountant.spent_epsilon, delta_spent=accountant.spent_delta,
+            charges=accountant.summary(), domain=self.domain, features=self.features, feature_names=list(feature_names),
+            parameters={"k": int(self.k), "objective": self.objective, "chosen": route, "why": why,
+                        "generations": plan.generations, "spends": "epsilon and delta (zCDP-composed Gaussian votes)"},
+            info={"auto": chosen, "randomness": randomness.describe()},
+        )
+
     def fit_aggregates(self, tree_aggregate, lloyd_aggregate, costs, feature_names, randomness: Randomness | None = None,
                        timings: dict | None = None, operational: dict | None = None) -> ClusteringModel:
         """The tree routes on given exact aggregations (Spark passes in ``fit``; numpy references in tests).
@@ -221,8 +288,8 @@ class AutoClustering:
         ``steps.lloyd_pass.spark_aggregate``; ``costs(solutions, power, cap)`` as ``selection.spark_costs``.
         """
         route, why = self._validated()
-        if route == "maxcover":
-            raise ValueError("fit_aggregates runs the tree routes only")
+        if route not in ("tree_lloyd", "tree_kmedian"):
+            raise ValueError(f"fit_aggregates runs the tree routes only (chosen: {route})")
         timings = {} if timings is None else timings
         randomness = randomness or self.randomness or Randomness(self.seed)
         epsilon = float(self.epsilon)

@@ -191,3 +191,7 @@ class Block:
     def laplace(self, exact, mechanism: LaplaceMechanism) -> np.ndarray:
         self._admit(mechanism, LaplaceMechanism)
         return mechanism.release(exact, self.noise)
+
+    def gaussian(self, exact, mechanism: GaussianMechanism) -> np.ndarray:
+        self._admit(mechanism, GaussianMechanism)
+        return mechanism.release(exact, self.noise)
