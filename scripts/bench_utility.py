@@ -97,7 +97,10 @@ MAXCOVER = "maxcover"  # the family with its default candidates for d
 LLOYD_SHARE_ENV = "DPSPARK_BENCH_MAXCOVER_LLOYD_SHARE"
 EXPLICIT_METHODS = [MAXCOVER, "maxcover_grid", "maxcover_private", "maxcover_tree"] + [f"dplloyd_{v}" for v in DPLLOYD_VARIANTS]
 AUTO = "auto"
-DP_METHODS = EXPLICIT_METHODS + ["ldp", AUTO]
+# auto without its evolution route (issue 51): where auto takes it, this runs the tree route auto took before, so
+# the two can be measured side by side in one session; elsewhere it is auto.
+AUTO_TREE = "auto_tree"
+DP_METHODS = EXPLICIT_METHODS + ["ldp", AUTO, AUTO_TREE]
 QUICK_METHODS = EXPLICIT_METHODS + ["ldp"]
 # Targets (issue 14): at TARGET_EPS auto's excess (ratio - 1) <= TARGET_EXCESS_FRACTION x the better peer's excess,
 # and auto <= TARGET_EXPLICIT_FACTOR x the best explicit method; at TARGET_SIDE_EPS auto <= the better peer.
@@ -165,10 +168,11 @@ def domain_of(ds):
 def make_estimator(method: str, ds: dict, eps: float, seed: int | None):
     dom, k = domain_of(ds), ds["k"]
     feats = tuple(f"f{j}" for j in range(dom.dim))
-    if method == AUTO:
+    if method in (AUTO, AUTO_TREE):
         from dpspark.auto import AutoClustering  # an ImportError is recorded as the run's failure
 
-        return AutoClustering(k=k, epsilon=eps, delta=DELTA, domain=dom, features=feats, objective="kmeans", seed=seed)
+        cls = AutoClustering if method == AUTO else _auto_without_evolution()
+        return cls(k=k, epsilon=eps, delta=DELTA, domain=dom, features=feats, objective="kmeans", seed=seed)
     from dpspark.dplloyd.estimator import DPLloyd
     from dpspark.ldp.estimator import LocalDP
     from dpspark.maxcover.estimator import MaxCover
@@ -183,6 +187,20 @@ def make_estimator(method: str, ds: dict, eps: float, seed: int | None):
     if method == "ldp":
         return LocalDP(k=k, epsilon=eps, domain=dom, features=feats, objective="kmeans", seed=seed)
     raise ValueError(method)
+
+
+def _auto_without_evolution():
+    """AutoClustering whose choice never takes the evolution route (the tree route instead): AUTO_TREE."""
+    from dpspark.auto import AutoClustering
+
+    class AutoWithoutEvolution(AutoClustering):
+        def _validated(self):
+            route, why = super()._validated()
+            if route == "evolution":
+                return "tree_lloyd", "benchmark: auto with its evolution route turned off"
+            return route, why
+
+    return AutoWithoutEvolution
 
 
 def _np_cell_aggregates(unit, columns):
@@ -288,7 +306,7 @@ def fit_numpy(est, x_original: np.ndarray):
         centers_unit, _, info = driver.result(randomness.public_rng("ldp-solver"))
         acc.finish()
         return est.domain.from_unit(centers_unit), acc.spent_epsilon, acc.spent_delta, {"kept": info.get("kept")}
-    if name == "AutoClustering":
+    if name in ("AutoClustering", "AutoWithoutEvolution"):
         raise NotImplementedError("auto runs only through estimator.fit(spark_df): use --engine spark")
     raise ValueError(name)
 
@@ -362,7 +380,7 @@ class SparkEngine:
         model = make_estimator(method, ds, eps, seed).fit(frame, operational=operational)
         cost = bc.kmeans_cost(ds["unit"], bc.scale_unit(model.centers, ds["lo"], ds["hi"]))
         info = {"spark_passes": operational.get("spark_passes")}
-        if method == AUTO:  # the route auto chose (its model's parameters / info)
+        if method in (AUTO, AUTO_TREE):  # the route auto chose (its model's parameters / info)
             params = model.parameters if isinstance(model.parameters, dict) else {}
             info["chosen"] = params.get("chosen") or ((model.info or {}).get("auto") or {}).get("route")
         if isinstance(model.info, dict) and model.info.get("candidate_choice"):  # grid_or_private's choice
@@ -728,7 +746,7 @@ def summarize(runs: list[dict], datasets: list[dict]) -> list[dict]:
 
 
 def method_order(m: str) -> int:
-    order = [NONPRIVATE, AUTO] + EXPLICIT_METHODS + ["ldp"] + PEERS
+    order = [NONPRIVATE, AUTO, AUTO_TREE] + EXPLICIT_METHODS + ["ldp"] + PEERS
     return order.index(m) if m in order else len(order)
 
 

@@ -21,7 +21,8 @@ from dpspark.privacy import zcdp
 from dpspark.privacy.domain import Domain
 from dpspark.privacy.mechanisms import GaussianMechanism, SeededNoise
 from dpspark.privacy.randomness import Randomness
-from dpspark.steps import evolution
+from dpspark.auto import estimator, selection
+from dpspark.steps import evolution, tree
 
 from conftest import blobs
 
@@ -38,7 +39,7 @@ def fit_numpy(est: AutoClustering, x: np.ndarray, seed: int):
     u = est.domain.clip_to_unit(x[np.all(np.isfinite(x), axis=1)])
     agg = numpy_aggregate(u)
     return est.fit_votes(lambda: u.shape[0], lambda pop: agg(pop)[0], [f"f{j}" for j in range(est.domain.dim)],
-                         Randomness(seed=seed))
+                         Randomness(seed=seed), tree_branch=(tree.numpy_tree_aggregates(u), agg, selection.numpy_costs(u)))
 
 
 def kmeans_cost(x, centers):
@@ -116,7 +117,7 @@ def test_the_conversion_is_cks_corollary_13_and_tighter_than_bun_steinke():
 
 def test_a_run_charges_the_count_and_one_block_of_exactly_t_histograms():
     dim, k = 9, 8
-    x = blobs(60, np.random.default_rng(1).uniform(-0.6, 0.6, (k, dim)), 0.05, 2)
+    x = blobs(150, np.random.default_rng(1).uniform(-0.6, 0.6, (k, dim)), 0.05, 2)  # 1200 rows >= 100 k
     est = AutoClustering(k=k, epsilon=0.9, delta=1e-7, domain=box(dim), features=tuple(f"f{j}" for j in range(dim)))
     model = fit_numpy(est, x, seed=5)
     p = evolution.plan(0.9, 1e-7, dim)
@@ -128,6 +129,29 @@ def test_a_run_charges_the_count_and_one_block_of_exactly_t_histograms():
     assert model.info["auto"]["evolution"]["generations"] == p.generations
     assert len(model.info["auto"]["evolution"]["population_sizes"]) == p.generations
     assert max(model.info["auto"]["evolution"]["population_sizes"]) <= evolution.POPULATION_CAP
+
+
+@pytest.mark.parametrize("rows_per_cluster,max_rows,why", [(40, 1e9, "below 100 k"), (150, 500.0, "above 500")])
+def test_outside_its_rows_the_route_runs_the_tree_on_the_rest_and_charges_the_planned_delta(
+        monkeypatch, rows_per_cluster, max_rows, why):
+    """The branch is a function of the released row count only; either way the run spends (epsilon, delta)."""
+    monkeypatch.setattr(estimator, "EVOLUTION_MAX_ROWS", max_rows)
+    dim, k = 6, 8
+    x = blobs(rows_per_cluster, np.random.default_rng(4).uniform(-0.6, 0.6, (k, dim)), 0.05, 3)
+    est = AutoClustering(k=k, epsilon=0.8, delta=1e-6, domain=box(dim), features=tuple(f"f{j}" for j in range(dim)))
+    model = fit_numpy(est, x, seed=6)
+    steps = [c["step"] for c in model.charges]
+    assert steps[0].startswith("auto: noisy row count") and steps[1].startswith("auto: the evolution branch's delta")
+    assert model.charges[1]["epsilon"] == 0.0 and model.charges[1]["delta"] == 1e-6
+    assert steps[2].startswith("auto: noisy row count (tree root)") and not any("vote histograms" in s for s in steps)
+    assert model.epsilon_spent == pytest.approx(0.8, rel=1e-9) and model.delta_spent == 1e-6
+    assert model.charges[0]["epsilon"] == pytest.approx(evolution.COUNT_SHARE * 0.8, rel=1e-12)
+    assert model.info["auto"]["route"] == "tree_lloyd" and why in model.parameters["why"]
+    assert est.privacy_plan() == (0.8, 1e-6)  # stated before the data, whichever branch runs
+    # without the tree's aggregations the branch cannot run: refused after the count, never a partial release
+    u = est.domain.clip_to_unit(x)
+    with pytest.raises(ValueError, match="no tree aggregations"):
+        est.fit_votes(lambda: u.shape[0], lambda pop: numpy_aggregate(u)(pop)[0], list("abcdef"), Randomness(seed=6))
 
 
 def test_the_block_refuses_a_histogram_beyond_t_and_any_other_mechanism():
@@ -147,9 +171,12 @@ def test_the_block_refuses_a_histogram_beyond_t_and_any_other_mechanism():
 def test_a_plan_that_would_overspend_is_refused_before_any_noise():
     p = evolution.plan(1.0, 1e-6, 4)
     acc = Accountant(0.5, 1e-6, SeededNoise(1))
+    votes_asked = []
+    noisy_n = evolution.noisy_row_count(lambda: 10, p, acc)  # 0.02 of 1.0: within 0.5
     with pytest.raises(PrivacyAccountingError):
-        evolution.evolve(lambda: 10, lambda pop: np.zeros(len(pop), dtype=np.int64), box(4), 8, p, acc,
-                         np.random.default_rng(0))
+        evolution.evolve(noisy_n, lambda pop: votes_asked.append(pop) or np.zeros(len(pop), dtype=np.int64), box(4), 8,
+                         p, acc, np.random.default_rng(0))
+    assert votes_asked == [] and len(acc.charges) == 1  # refused before any pass or any noise
 
 
 # ----------------------------------------------------------------------------
@@ -237,7 +264,7 @@ def test_finds_many_blobs_in_ten_dimensions():
 def test_spark_fit_equals_the_numpy_reference_with_hostile_rows_and_any_partitioning(spark):
     dim, k = 5, 8
     centers = np.random.default_rng(31).uniform(-0.6, 0.6, (k, dim))
-    x = np.vstack([blobs(60, centers, 0.05, 32), np.array([[np.nan, 1e308, -np.inf, 0.2, 5e-324],
+    x = np.vstack([blobs(150, centers, 0.05, 32), np.array([[np.nan, 1e308, -np.inf, 0.2, 5e-324],
                                                            [1e308, -1e308, 5e-324, 0.0, 3.0]])])
     feats = tuple(f"f{j}" for j in range(dim))
     ref = fit_numpy(AutoClustering(k=k, epsilon=1.0, delta=1e-6, domain=box(dim), features=feats, seed=9), x, seed=9)
@@ -250,3 +277,10 @@ def test_spark_fit_equals_the_numpy_reference_with_hostile_rows_and_any_partitio
         assert np.array_equal(model.centers, ref.centers) and np.array_equal(model.noisy_weights, ref.noisy_weights)
         assert ops["spark_passes"] == 1 + evolution.generations(dim)
         assert model.epsilon_spent == pytest.approx(1.0, rel=1e-9) and model.delta_spent == 1e-6
+    # too few rows for the votes: the tree branch, on Spark as on numpy
+    small = x[: 40 * k]
+    ref = fit_numpy(AutoClustering(k=k, epsilon=1.0, delta=1e-6, domain=box(dim), features=feats, seed=9), small, seed=9)
+    model = AutoClustering(k=k, epsilon=1.0, delta=1e-6, domain=box(dim), features=feats, seed=9).fit(
+        spark.createDataFrame(pd.DataFrame(small, columns=list(feats))).repartition(2))
+    assert model.info["auto"]["route"] == ref.info["auto"]["route"] == "tree_lloyd"
+    assert np.array_equal(model.centers, ref.centers) and model.delta_spent == 1e-6

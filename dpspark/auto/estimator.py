@@ -17,7 +17,8 @@ configured (epsilon, delta); never the data:
   clusters in mid dimensions): private evolution of candidate centers (``dpspark.steps.evolution``,
   after PE-means): a noisy row count, then one Spark pass per generation counting each candidate's
   nearest points, released with the discrete Gaussian (zCDP-composed), selection and mutation on the
-  driver; (epsilon, delta)-DP;
+  driver; (epsilon, delta)-DP. When the noisy count is under ``EVOLUTION_MIN_ROWS_PER_CLUSTER`` k or
+  over ``EVOLUTION_MAX_ROWS``, the tree route below runs on the rest of epsilon instead (``fit_votes``);
 - otherwise, k-means: the private LSH-tree coreset (``dpspark.steps.tree``) solved on the
   driver as the start of a few DP Lloyd steps on the full data, pure epsilon-DP;
 - otherwise, k-median: the same coreset solved by weighted k-median, pure epsilon-DP.
@@ -96,6 +97,13 @@ EVOLUTION_MIN_K = 8
 # ... up to this k (a generation's selection is a weighted k-means of up to evolution.POPULATION_CAP candidates
 # with k restarts' work each; above it, the tree route, as for maxcover).
 EVOLUTION_MAX_K = 128
+# The evolution route's released row count n_hat picks its branch (post-processing): evolution when
+# EVOLUTION_MIN_ROWS_PER_CLUSTER k <= n_hat <= EVOLUTION_MAX_ROWS, else the tree route with the rest of epsilon.
+# Below: too few points per cluster for noisy votes (the tree route measured better); above: T passes over the
+# data with up to evolution.POPULATION_CAP candidates each cost many times the tree route's 3-5 passes, and the
+# tree route is within a few percent of non-private k-means there.
+EVOLUTION_MIN_ROWS_PER_CLUSTER = 100.0
+EVOLUTION_MAX_ROWS = 250_000.0
 
 ROUTES = {
     "maxcover": "maxcover with its default candidates (a noisy row count chooses the public grid or private grid cells)",
@@ -236,25 +244,52 @@ class AutoClustering:
         cached = unit_df.persist()
         try:
             aggregate = spark_aggregate(cached, columns)
+            tree_branch = (tree.spark_tree_aggregates(cached, columns, timings=timings), aggregate,
+                           selection.spark_costs(cached, columns, timings))
             return self.fit_votes(cached.count, lambda population: aggregate(population)[0], feature_names, randomness,
-                                  timings, operational)
+                                  timings, operational, tree_branch)
         finally:
             cached.unpersist()
 
     def fit_votes(self, exact_count, votes, feature_names, randomness: Randomness | None = None,
-                  timings: dict | None = None, operational: dict | None = None) -> ClusteringModel:
+                  timings: dict | None = None, operational: dict | None = None, tree_branch=None) -> ClusteringModel:
         """The evolution route on given exact aggregations: ``exact_count()`` -> n, ``votes(population)`` -> exact
-        nearest-candidate counts (Spark passes in ``fit``; numpy references in tests). (epsilon, delta)-DP
-        (``dpspark.steps.evolution``)."""
+        nearest-candidate counts, ``tree_branch`` = (tree_aggregate, lloyd_aggregate, costs) as ``fit_aggregates``
+        takes them (Spark passes in ``fit``; numpy references in tests). (epsilon, delta)-DP:
+
+        1. n_hat, the row count with DLap noise (``evolution.COUNT_SHARE`` of epsilon);
+        2. from n_hat only (post-processing), one branch with the rest, (epsilon - eps_count, delta):
+           EVOLUTION_MIN_ROWS_PER_CLUSTER k <= n_hat <= EVOLUTION_MAX_ROWS: the T vote histograms
+           (``dpspark.steps.evolution``); else the tree + Lloyd route on epsilon - eps_count, pure, and the
+           delta charged as planned (adaptive composition bounds the run by the count plus the costlier
+           branch; what the run reports is that bound).
+        """
         route, why = self._validated()
         if route != "evolution":
             raise ValueError(f"fit_votes runs the evolution route only (chosen: {route})")
         timings = {} if timings is None else timings
         randomness = randomness or self.randomness or Randomness(self.seed)
-        epsilon, delta = float(self.epsilon), float(self.delta)
+        epsilon, delta, k = float(self.epsilon), float(self.delta), int(self.k)
         accountant = Accountant(epsilon, delta, randomness.noise)
         plan = evolution.plan(epsilon, delta, self.domain.dim)
         passes = {"count": 1, "votes": 0}
+        noisy_n = evolution.noisy_row_count(exact_count, plan, accountant)
+        if not (EVOLUTION_MIN_ROWS_PER_CLUSTER * k <= noisy_n <= EVOLUTION_MAX_ROWS):
+            reason = (f"{why}; but its noisy row count {noisy_n:.0f} is "
+                      + (f"below {EVOLUTION_MIN_ROWS_PER_CLUSTER:g} k = {EVOLUTION_MIN_ROWS_PER_CLUSTER * k:g}: too few points "
+                         "per cluster for noisy votes" if noisy_n < EVOLUTION_MIN_ROWS_PER_CLUSTER * k else
+                         f"above {EVOLUTION_MAX_ROWS:g}: {plan.generations} passes with up to {evolution.POPULATION_CAP} "
+                         "candidates would cost many times the tree route")
+                      + ", so the tree route runs on the rest of epsilon")
+            if tree_branch is None:
+                raise ValueError(f"fit_votes: {reason}, and no tree aggregations were given")
+            accountant.charge("auto: the evolution branch's delta (the branch is chosen from the noisy row count)",
+                              0.0, delta, "adaptive composition: the run is bounded by the count plus its costlier "
+                              "branch, (epsilon - eps_count, delta); the tree branch spends no delta itself")
+            return self._tree_on("tree_lloyd", reason, accountant, plan.block_epsilon, tree_branch, feature_names,
+                                 randomness, timings, operational, passes={"count": 1},
+                                 spends="epsilon and delta (a noisy row count chose the tree branch of the evolution route)",
+                                 delta_note="the configured delta is charged: the branch was chosen from a noisy count")
 
         def counted_votes(population):
             with step(f"auto pass: nearest-candidate votes of {population.shape[0]} candidates "
@@ -263,7 +298,7 @@ class AutoClustering:
             passes["votes"] += 1
             return out
 
-        result = evolution.evolve(exact_count, counted_votes, self.domain, int(self.k), plan, accountant,
+        result = evolution.evolve(noisy_n, counted_votes, self.domain, k, plan, accountant,
                                   randomness.public_rng("auto.evolution"))
         accountant.finish()
         if operational is not None:
@@ -275,7 +310,7 @@ class AutoClustering:
             algorithm=self.name, objective=self.objective, centers=self.domain.from_unit(result.centers),
             noisy_weights=result.weights, epsilon_spent=accountant.spent_epsilon, delta_spent=accountant.spent_delta,
             charges=accountant.summary(), domain=self.domain, features=self.features, feature_names=list(feature_names),
-            parameters={"k": int(self.k), "objective": self.objective, "chosen": route, "why": why,
+            parameters={"k": k, "objective": self.objective, "chosen": route, "why": why,
                         "generations": plan.generations, "spends": "epsilon and delta (zCDP-composed Gaussian votes)"},
             info={"auto": chosen, "randomness": randomness.describe()},
         )
@@ -290,13 +325,23 @@ class AutoClustering:
         route, why = self._validated()
         if route not in ("tree_lloyd", "tree_kmedian"):
             raise ValueError(f"fit_aggregates runs the tree routes only (chosen: {route})")
-        timings = {} if timings is None else timings
         randomness = randomness or self.randomness or Randomness(self.seed)
         epsilon = float(self.epsilon)
-        accountant = Accountant(epsilon, 0.0, randomness.noise)
+        return self._tree_on(route, why, Accountant(epsilon, 0.0, randomness.noise), epsilon,
+                             (tree_aggregate, lloyd_aggregate, costs), feature_names, randomness, timings, operational,
+                             passes={}, spends="epsilon only (pure epsilon-DP)",
+                             delta_note="pure epsilon-DP: spends no delta"
+                             + (f" (configured delta={self.delta:g} is an upper bound)" if self.delta > 0 else ""))
+
+    def _tree_on(self, route, why, accountant: Accountant, epsilon: float, aggregates, feature_names,
+                 randomness: Randomness, timings: dict | None, operational: dict | None, passes: dict, spends: str,
+                 delta_note: str) -> ClusteringModel:
+        """The tree route with ``epsilon`` of ``accountant``'s budget (all of what is left of it)."""
+        tree_aggregate, lloyd_aggregate, costs = aggregates
+        timings = {} if timings is None else timings
         rng = randomness.public_rng("auto")
         k, dim = int(self.k), self.domain.dim
-        passes = {"tree": 1, "selection": 0, "lloyd": 0}
+        passes = {**passes, "tree": 1, "selection": 0, "lloyd": 0}
         eps_root = ROOT_SHARE * epsilon
 
         def split(noisy_n: float) -> tuple[float, float]:  # from public inputs and the released row count
@@ -317,16 +362,14 @@ class AutoClustering:
             operational["spark_passes"] = sum(passes.values())
             operational["passes_by_kind"] = passes
         chosen = {"route": route, "method": ROUTES[route], "why": why, "noisy_rows": coreset.noisy_n,
-                  "tree": coreset.info, "start": chosen_solution, "lloyd_steps": steps,
-                  "delta_note": "pure epsilon-DP: spends no delta"
-                  + (f" (configured delta={self.delta:g} is an upper bound)" if self.delta > 0 else "")}
+                  "tree": coreset.info, "start": chosen_solution, "lloyd_steps": steps, "delta_note": delta_note}
         return ClusteringModel(
             algorithm=self.name, objective=self.objective, centers=self.domain.from_unit(centers),
             noisy_weights=np.asarray(weights, dtype=np.float64), epsilon_spent=accountant.spent_epsilon,
             delta_spent=accountant.spent_delta, charges=accountant.summary(), domain=self.domain, features=self.features,
             feature_names=list(feature_names),
             parameters={"k": k, "objective": self.objective, "chosen": route, "why": why, "start": chosen_solution,
-                        "lloyd_steps": steps, "spends": "epsilon only (pure epsilon-DP)"},
+                        "lloyd_steps": steps, "spends": spends},
             info={"auto": chosen, "randomness": randomness.describe()},
         )
 

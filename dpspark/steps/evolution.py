@@ -192,12 +192,18 @@ class Result:
     info: dict = field(default_factory=dict)
 
 
-def evolve(exact_count, votes, domain: Domain, k: int, p: Plan, accountant: Accountant, rng: np.random.Generator,
+def noisy_row_count(exact_count, p: Plan, accountant: Accountant) -> float:
+    """Release n_hat = n + DLap(1/eps_count) (step 1 of the module docstring)."""
+    return float(accountant.laplace("auto: noisy row count (sets the route and the population size)",
+                                    np.array([int(exact_count())], dtype=np.int64), p.count)[0])
+
+
+def evolve(noisy_n: float, votes, domain: Domain, k: int, p: Plan, accountant: Accountant, rng: np.random.Generator,
            on_generation=None) -> Result:
-    """Run the T generations. ``exact_count()`` -> the row count; ``votes(population)`` -> the exact (P,) int64
-    nearest-candidate counts (one Spark pass; numpy in tests). Charges exactly p's releases (module docstring)."""
-    noisy_n = float(accountant.laplace("auto: noisy row count (sets the population size)",
-                                       np.array([int(exact_count())], dtype=np.int64), p.count)[0])
+    """Run the T generations from the released row count ``noisy_n`` (``noisy_row_count``, charged already).
+    ``votes(population)`` -> the exact (P,) int64 nearest-candidate counts (one Spark pass; numpy in tests).
+    Charges exactly p's vote histograms (module docstring, step 2)."""
+    noisy_n = float(noisy_n)
     block = accountant.block(
         f"auto: {p.generations} noisy vote histograms (nearest candidate, L2 sensitivity 1)",
         p.block_epsilon, p.delta,
