@@ -148,10 +148,22 @@ def test_outside_its_rows_the_route_runs_the_tree_on_the_rest_and_charges_the_pl
     assert model.charges[0]["epsilon"] == pytest.approx(evolution.COUNT_SHARE * 0.8, rel=1e-12)
     assert model.info["auto"]["route"] == "tree_lloyd" and why in model.parameters["why"]
     assert est.privacy_plan() == (0.8, 1e-6)  # stated before the data, whichever branch runs
-    # without the tree's aggregations the branch cannot run: refused after the count, never a partial release
+    # without the tree's aggregations the route is refused before the count is drawn or charged
     u = est.domain.clip_to_unit(x)
-    with pytest.raises(ValueError, match="no tree aggregations"):
-        est.fit_votes(lambda: u.shape[0], lambda pop: numpy_aggregate(u)(pop)[0], list("abcdef"), Randomness(seed=6))
+    counted = []
+    with pytest.raises(ValueError, match="needs tree_branch"):
+        est.fit_votes(lambda: counted.append(1) or u.shape[0], lambda pop: numpy_aggregate(u)(pop)[0], list("abcdef"),
+                      Randomness(seed=6))
+    assert counted == []
+
+
+def test_public_inputs_without_an_evolution_plan_take_the_tree_route_before_any_charge():
+    """An epsilon so large OpenDP's conversion overflows: auto says so and plans the pure tree route."""
+    est = AutoClustering(k=10, epsilon=1e5, delta=1e-6, domain=box(24), features=tuple(f"f{j}" for j in range(24)))
+    route, why = est._validated()
+    assert route == "tree_lloyd" and "no plan" in why
+    assert est.privacy_plan() == (1e5, 0.0)
+    assert AutoClustering(k=10, epsilon=1.0, delta=1e-6, domain=box(24), features=("v",))._validated()[0] == "evolution"
 
 
 def test_the_block_refuses_a_histogram_beyond_t_and_any_other_mechanism():
@@ -232,6 +244,11 @@ def test_truncation_keeps_the_largest_votes_up_to_the_released_total():
     assert evolution.truncate(v, 81).tolist() == [50.0, 0.0, 20.0, 0.0, 30.0, 0.0]
     assert evolution.truncate(v, 10 ** 6).tolist() == [50.0, 0.0, 20.0, 5.0, 30.0, 1.0]  # never reached: negatives 0
     assert evolution.truncate(v, -5).tolist() == [50.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    # many negative votes after the crossing (a large population, mostly noise): the running total falls again,
+    # and the crossing is still found (a bisection on it kept every positive vote here)
+    w = np.array([10.0, 1.0, 10.0, 1.0] + [-5.0] * 6)  # running total 10, 20, 21, 22, 17, 12, 7, 2, -3, -8
+    assert evolution.truncate(w, 15).tolist() == [10.0, 0.0, 10.0, 0.0] + [0.0] * 6
+    assert int(np.searchsorted(np.cumsum(np.sort(w)[::-1]), 15)) == w.size  # what the bisection found
 
 
 def test_population_size_is_capped_and_mutants_stay_in_the_domain():

@@ -193,6 +193,14 @@ class AutoClustering:
                 fallback = "tree_lloyd" if self.objective == "kmeans" else "tree_kmedian"
                 return fallback, (f"maxcover cannot run with these public inputs ({exc}); the tree route needs no delta "
                                   "and takes any epsilon and k")
+        if route == "evolution":
+            # Its plan (sigma from OpenDP's maps), before any charge: where none exists for these public inputs
+            # (e.g. an epsilon of 10^4 overflows the conversion), the tree route, as for maxcover.
+            try:
+                evolution.plan(float(self.epsilon), float(self.delta), self.domain.dim)
+            except Exception as exc:  # ValueError, AssertionError, OpenDP's errors: all from public inputs
+                return "tree_lloyd", (f"the evolution route has no plan for these public inputs ({type(exc).__name__}: "
+                                      f"{str(exc)[:200]}); the tree route needs no delta and takes any epsilon")
         return route, why
 
     def privacy_plan(self) -> tuple[float, float]:
@@ -267,6 +275,9 @@ class AutoClustering:
         route, why = self._validated()
         if route != "evolution":
             raise ValueError(f"fit_votes runs the evolution route only (chosen: {route})")
+        if tree_branch is None or len(tree_branch) != 3:
+            raise ValueError("fit_votes needs tree_branch=(tree_aggregate, lloyd_aggregate, costs): the noisy row count "
+                             "may choose the tree branch")
         timings = {} if timings is None else timings
         randomness = randomness or self.randomness or Randomness(self.seed)
         epsilon, delta, k = float(self.epsilon), float(self.delta), int(self.k)
@@ -281,8 +292,6 @@ class AutoClustering:
                          f"above {EVOLUTION_MAX_ROWS:g}: {plan.generations} passes with up to {evolution.POPULATION_CAP} "
                          "candidates would cost many times the tree route")
                       + ", so the tree route runs on the rest of epsilon")
-            if tree_branch is None:
-                raise ValueError(f"fit_votes: {reason}, and no tree aggregations were given")
             accountant.charge("auto: the evolution branch's delta (the branch is chosen from the noisy row count)",
                               0.0, delta, "adaptive composition: the run is bounded by the count plus its costlier "
                               "branch, (epsilon - eps_count, delta); the tree branch spends no delta itself")

@@ -8,9 +8,12 @@ with delta = inf over alpha > 1 of exp((alpha - 1)(alpha rho - epsilon)) / (alph
 (1 - 1/alpha)^alpha (Canonne, Kamath, Steinke 2020, Cor. 13), about 15% less noise at
 epsilon 1, delta 1e-6 than Bun and Steinke's rho + 2 sqrt(rho ln(1/delta)).
 
-OpenDP states and proves all three as privacy maps (``make_gaussian`` on an i64 vector,
-``make_composition``, ``make_zCDP_to_approxDP``); this module only asks them. The maps
-round conservatively (up), so an epsilon read here is never below the true one.
+OpenDP states the three as privacy maps (``make_gaussian`` on an i64 vector,
+``make_composition``, ``make_zCDP_to_approxDP``); this module only asks them. OpenDP's
+``make_composition`` is stated for non-adaptive composition; its rho (the sum) is the same
+number adaptive zCDP composition gives (Bun and Steinke 2016, Lemma 2.3), which is the theorem
+the evolution route rests on. The maps round conservatively (up), so an epsilon read here is
+never below the true one.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ points whose nearest candidate it is (one Spark pass, ``steps.lloyd_pass``: the 
 the driver releases that vote histogram with the discrete Gaussian and decides everything else
 from released values and public randomness:
 
-- truncation: the noisy votes are sorted, the largest kept while their running total stays
-  within n_hat (the released row count), the rest read as 0 (``truncate``);
+- truncation: the noisy votes are sorted, the largest kept up to the first whose running total
+  reaches n_hat (the released row count), the rest read as 0 (``truncate``);
 - selection: k centers = weighted k-means of the population with the truncated votes;
 - variation: the next population is the k centers and L Levy-flight mutants of each
   (``mutate``), projected back into the domain; L halves (not below ``L_MIN``) when the
@@ -143,13 +143,15 @@ def composed_epsilon(p: Plan) -> float:
 
 
 def truncate(noisy_votes: np.ndarray, noisy_n: float) -> np.ndarray:
-    """Keep the largest noisy votes while their running total reaches n_hat (PE-means' threshold); 0 elsewhere."""
+    """Keep the largest noisy votes up to the first whose running total (largest first) reaches n_hat, that one
+    included (PE-means' threshold); 0 elsewhere, and negative votes read as 0."""
     v = np.asarray(noisy_votes, dtype=np.float64)
     order = np.argsort(-v, kind="stable")
-    running = np.cumsum(v[order])
-    reach = int(np.searchsorted(running, max(noisy_n, 0.0)))  # first index whose running total >= n_hat
-    if reach >= v.size:
+    running = np.cumsum(v[order])  # rises while the votes are positive, then falls: not sorted, so no bisection
+    reached = running >= max(noisy_n, 0.0)
+    if not reached.any():
         return np.maximum(v, 0.0)
+    reach = int(np.argmax(reached))  # the first index whose running total reaches n_hat
     threshold = v[order[reach]]
     return np.where(v >= threshold, np.maximum(v, 0.0), 0.0)
 
