@@ -1190,7 +1190,7 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", nargs="*", default=None, help=f"default: {' '.join(FULL_DATASETS)}")
     ap.add_argument("--epsilons", nargs="*", type=float, default=None, help=f"default: {EPSILONS}")
     ap.add_argument("--max-rows", type=int, default=None, help="uniform subsample cap per dataset (default: whole)")
-    ap.add_argument("--methods", nargs="*", default=None, help=f"dpspark methods (default: {' '.join(DP_METHODS)})")
+    ap.add_argument("--methods", nargs="*", default=None, help=f"dpspark methods (default: {' '.join(DP_METHODS)}; given with none: only the peers)")
     ap.add_argument("--workers", type=int, default=2, help="processes for the numpy engine")
     ap.add_argument("--grid-max-dim", type=int, default=10, help="skip maxcover_grid above this dimension")
     ap.add_argument("--engine", choices=["numpy", "spark"], default=None, help="default spark (--quick: numpy)")
@@ -1214,7 +1214,7 @@ def main(argv=None) -> int:
     args.datasets = args.datasets or FULL_DATASETS
     args.epsilons = args.epsilons or EPSILONS
     args.reps = args.reps or 5
-    args.methods = args.methods or DP_METHODS
+    args.methods = DP_METHODS if args.methods is None else args.methods  # `--methods` alone: peers only
     args.engine = args.engine or "spark"
     unknown = [n for n in args.datasets if n not in bc.LOADERS_BY_NAME]
     if unknown:
