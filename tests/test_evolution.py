@@ -60,7 +60,7 @@ def test_auto_chooses_evolution_for_many_clusters_in_mid_dimensions_only():
     assert choose(2, "kmeans", 1e-6, 16)[0] == "maxcover"
     est = AutoClustering(k=16, epsilon=0.7, delta=1e-6, domain=box(6), features=tuple("abcdef"))
     route, why = est._validated()
-    assert route == "evolution" and "k=16 >= 8" in why
+    assert route == "evolution" and "k=16 >= 8" in why and "noisy row count is between 100 k and 100000" in why
     assert est.privacy_plan() == (0.7, 1e-6)
 
 

@@ -121,8 +121,9 @@ def choose(dim: int, objective: str, delta: float, k: int | None = None) -> tupl
                             "measured in few dimensions")
     if objective == "kmeans" and delta > 0 and k is not None and EVOLUTION_MIN_K <= k <= EVOLUTION_MAX_K:
         return "evolution", (f"many clusters in mid dimensions (k={k} >= {EVOLUTION_MIN_K}, d={dim} > {GRID_MAX_DIM}, "
-                             f"delta={delta:g} > 0): private evolution of candidate centers beats the tree coreset "
-                             "there in the project's benchmark")
+                             f"delta={delta:g} > 0): private evolution of candidate centers, which beat the tree "
+                             "coreset there in the project's benchmark, when a noisy row count is between "
+                             f"{EVOLUTION_MIN_ROWS_PER_CLUSTER:g} k and {EVOLUTION_MAX_ROWS:g}")
     why = (f"d={dim} > {GRID_MAX_DIM}: grid cells thin out in many dimensions, random hyperplane cells do not"
            if dim > GRID_MAX_DIM else "delta=0: maxcover needs delta > 0, the tree route is pure epsilon-DP")
     return ("tree_lloyd" if objective == "kmeans" else "tree_kmedian"), why
