@@ -85,6 +85,11 @@ def test_the_plan_spends_exactly_epsilon_and_delta(epsilon, delta, dim):
     # the mechanism that draws the noise has at least that sigma (its own stated epsilon is Bun-Steinke's)
     assert p.votes.sigma >= zcdp.smallest_sigma(p.block_epsilon, delta, p.generations)
     assert p.votes.sensitivity == 1.0 and p.votes.delta == delta
+    for sigma in (0.5, p.sigma, 20.125804289080413, 1e4):  # the constructor never rounds sigma down
+        mech = GaussianMechanism.with_sigma(sigma, delta)
+        assert sigma <= mech.sigma <= sigma * (1 + 1e-9)
+    with pytest.raises(ValueError, match="sigma"):
+        GaussianMechanism.with_sigma(0.0, delta)
     # more generations, more noise per histogram
     assert evolution.plan(epsilon, delta, 4 * dim).sigma > p.sigma
 
@@ -102,7 +107,7 @@ def test_the_conversion_is_cks_corollary_13_and_tighter_than_bun_steinke():
 
         assert delta_at(eps) <= delta * (1 + 1e-3)  # eps meets delta (OpenDP rounds eps up)
         assert delta_at(eps * 0.995) > delta  # and is not loose by more than 0.5%
-        assert eps < evolution.zcdp_epsilon(rho, delta)
+        assert eps < rho + 2 * math.sqrt(rho * math.log(1 / delta))  # Bun and Steinke, Prop. 1.3
     assert zcdp.gaussian_releases_epsilon(10.0, 5, 1e-6) > zcdp.gaussian_releases_epsilon(11.0, 5, 1e-6)
     assert zcdp.gaussian_releases_epsilon(10.0, 6, 1e-6) > zcdp.gaussian_releases_epsilon(10.0, 5, 1e-6)
     for bad in [dict(sigma=0.0, releases=3, delta=1e-6), dict(sigma=1.0, releases=0, delta=1e-6),

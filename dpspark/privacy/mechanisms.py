@@ -230,6 +230,19 @@ class GaussianMechanism:
         log_term = math.log(1.0 / self.delta)
         return rho + 2.0 * math.sqrt(rho * log_term), self.delta
 
+    @classmethod
+    def with_sigma(cls, sigma: float, delta: float, sensitivity: float = 1.0) -> "GaussianMechanism":
+        """The mechanism whose sigma is ``sigma`` or a hair above it, never below (float rounding of the
+        epsilon <-> rho round trip); for callers whose own theorem fixes sigma (e.g. a composed block)."""
+        if not (sigma > 0) or math.isinf(sigma):
+            raise ValueError(f"sigma={sigma!r} should be a finite number > 0")
+        for nudge in (1.0, 1.0 + 1e-12, 1.0 + 1e-9, 1.0 + 1e-6):
+            rho = (sensitivity / (sigma * nudge)) ** 2 / 2.0
+            mech = cls(rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta)), delta, sensitivity=sensitivity)
+            if mech.sigma >= sigma:
+                return mech
+        raise AssertionError(f"no GaussianMechanism with sigma >= {sigma!r}")  # not reached: floats round within 1e-15
+
     def release(self, exact, noise: NoiseSource) -> np.ndarray:
         q = _integer_queries(exact)
         return q + noise.discrete_gaussian(self.sigma / self.unit, q.size).reshape(q.shape)

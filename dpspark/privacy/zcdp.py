@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+from dpspark.privacy.mechanisms import GaussianMechanism
+
 
 def _dp():
     import opendp.prelude as dp
@@ -66,9 +68,8 @@ def smallest_sigma(epsilon: float, delta: float, releases: int, l2_sensitivity: 
     def eps_at(s: float) -> float:
         return gaussian_releases_epsilon(s, releases, delta, l2_sensitivity)
 
-    log_term = math.log(1.0 / delta)
-    rho = (math.sqrt(epsilon + log_term) - math.sqrt(log_term)) ** 2  # Bun-Steinke: rho + 2 sqrt(rho ln 1/delta) = eps
-    hi = l2_sensitivity * math.sqrt(int(releases) / (2.0 * rho))
+    one_release = GaussianMechanism(epsilon, delta, sensitivity=float(l2_sensitivity))  # Bun-Steinke's sigma for eps
+    hi = one_release.sigma * math.sqrt(int(releases))  # ... for the composition
     while eps_at(hi) > epsilon:
         hi *= 1.5
         if hi > 1e12:

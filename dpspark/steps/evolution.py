@@ -72,23 +72,6 @@ def generations(dim: int) -> int:
     return max(1, int(4.0 * math.sqrt(dim)))
 
 
-def zcdp_epsilon(rho: float, delta: float) -> float:
-    """epsilon of (epsilon, delta)-DP implied by rho-zCDP (Bun and Steinke 2016, Prop. 1.3): what a
-    ``GaussianMechanism`` states for one release; the block uses the tighter conversion of ``zcdp``."""
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
-
-
-def gaussian_with_sigma(sigma: float, delta: float) -> GaussianMechanism:
-    """The ``GaussianMechanism`` (L2 sensitivity 1) whose sigma is ``sigma``, or a hair above it (never below)."""
-    target = float(sigma)
-    for nudge in (1.0, 1.0 + 1e-12, 1.0 + 1e-9, 1.0 + 1e-6):
-        s = target * nudge
-        mech = GaussianMechanism(zcdp_epsilon(1.0 / (2.0 * s * s), delta), delta, sensitivity=1.0)
-        if mech.sigma >= target:
-            return mech
-    raise AssertionError(f"no GaussianMechanism with sigma >= {sigma!r}")  # not reached: floats round within 1e-15
-
-
 @dataclass(frozen=True)
 class Plan:
     """The releases of one run of the route (public: from epsilon, delta, d only)."""
@@ -126,7 +109,7 @@ def plan(epsilon: float, delta: float, dim: int, generations_override: int | Non
     t = generations(dim) if generations_override is None else int(generations_override)
     if t < 1:
         raise ValueError(f"generations={t!r} should be >= 1")
-    votes = gaussian_with_sigma(_smallest_sigma(float(block_epsilon), float(delta), t), delta)
+    votes = GaussianMechanism.with_sigma(_smallest_sigma(float(block_epsilon), float(delta), t), delta)
     mapped = zcdp.gaussian_releases_epsilon(votes.sigma, t, delta)
     if mapped > block_epsilon:  # sigma only grew from the one that meets it, and the map is monotone
         raise AssertionError(f"evolution plan: {t} releases at sigma={votes.sigma!r} cost {mapped!r} > {block_epsilon!r}")
