@@ -111,11 +111,32 @@ def load_skin(k: int = 2):
     return "skin_segmentation", _finite_rows(df[["B", "G", "R"]].to_numpy(dtype=np.float64)), k
 
 
+# Generated Gaussian mixtures for sweeps across n in 2-3 dimensions (not shared data; made here, seeded):
+# MIXTURE_K clusters with centers uniform in [10, 90]^d of a [0, 100]^d box, per-cluster sd 1..6 and unequal
+# weights (Dirichlet(2)); the same clusters for every n of one d, n rows drawn from them.
+MIXTURE_K = 10
+MIXTURE_SIZES = (5_000, 20_000, 100_000, 1_000_000)
+
+
+def load_mixture(dim: int, n: int):
+    shape = np.random.default_rng([2026, dim])
+    centers = shape.uniform(10.0, 90.0, size=(MIXTURE_K, dim))
+    sds = shape.uniform(1.0, 6.0, size=MIXTURE_K)
+    weights = shape.dirichlet(np.full(MIXTURE_K, 2.0))
+    draw = np.random.default_rng([2026, dim, n])
+    labels = draw.choice(MIXTURE_K, size=n, p=weights)
+    x = centers[labels] + draw.normal(size=(n, dim)) * sds[labels, None]
+    return f"mix{dim}d_n{n}", _finite_rows(x), MIXTURE_K
+
+
+MIXTURES = [f"mix{dim}d_n{n}" for dim in (2, 3) for n in MIXTURE_SIZES]
+
 # The loaders by the name of the dataset they return (loads nothing).
 LOADERS_BY_NAME = {"blood_transfusion": load_blood_transfusion, "adult": load_adult, "tripadvisor_review": load_tripadvisor,
                    "electrical_grid_stability": load_electrical_grid, "google_review_ratings": load_google_reviews,
                    "credit_card_clients": load_credit_card, "s1": load_s1, "a3": load_a3, "birch2": load_birch2,
-                   "unbalance": load_unbalance, "skin_segmentation": load_skin}
+                   "unbalance": load_unbalance, "skin_segmentation": load_skin,
+                   **{f"mix{dim}d_n{n}": (lambda dim=dim, n=n: load_mixture(dim, n)) for dim in (2, 3) for n in MIXTURE_SIZES}}
 # Every shared dataset, in the order of the benchmarks' tables.
 SHARED_DATASETS = ["s1", "a3", "birch2", "unbalance", "skin_segmentation", "blood_transfusion", "tripadvisor_review",
                    "electrical_grid_stability", "adult", "google_review_ratings", "credit_card_clients"]
