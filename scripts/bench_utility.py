@@ -29,12 +29,12 @@ Methods (all k-means objective, so one cost ratio compares them all):
 
 Defaults: every shared dataset (s1, a3, birch2, unbalance, skin_segmentation, blood_transfusion, tripadvisor_review,
 electrical_grid_stability, adult, google_review_ratings, credit_card_clients), WHOLE (``--max-rows`` caps them),
-``--engine spark``, epsilons 0.5, 1, 2, 5 runs per cell (median). ``--datasets`` also takes generated Gaussian
-mixtures for sweeps across n in 2-3 dimensions (``bench_common.MIXTURES``: ``mix2d_n5000`` .. ``mix3d_n1000000``,
-10 clusters, seeded; not part of the default set). That takes hours: split it with ``--datasets X
+``--engine spark``, epsilons 0.5, 1, 2, 5 runs per cell (median). That takes hours: split it with ``--datasets X
 --append``, which adds this invocation's (dataset, method, epsilon) cells to the table already in ``--out``
 (``runs.csv`` + ``datasets.json`` + ``peers.json`` + ``meta.json``) and regenerates every output from the whole
 table. Outputs are also rewritten after each dataset, so an interrupted run keeps what it finished.
+``--datasets`` also takes generated Gaussian mixtures for sweeps across n in 2-3 dimensions
+(``bench_common.MIXTURES``: ``mix2d_n5000`` .. ``mix3d_n1000000``, 10 clusters, seeded; not in the default set).
 
 Engines. ``spark``: every dpspark run is ``estimator.fit(spark_df)`` in one local[2] session, one cached frame per
 dataset. ``numpy`` (``--quick`` default, and ``scripts/bench_ldp.py`` / ``tune_maxcover_candidates.py`` through
