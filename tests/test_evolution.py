@@ -162,6 +162,24 @@ def test_outside_its_rows_the_route_runs_the_tree_on_the_rest_and_charges_the_pl
     assert counted == []
 
 
+def test_the_fewest_rows_for_votes_depend_on_the_public_d():
+    assert estimator.evolution_min_rows(5, 8) == 800.0 and estimator.evolution_min_rows(7, 8) == 800.0
+    assert estimator.evolution_min_rows(8, 8) == 80.0 and estimator.evolution_min_rows(24, 64) == 640.0
+
+
+@pytest.mark.parametrize("dim,route", [(6, "tree_lloyd"), (10, "evolution")])
+def test_forty_rows_per_cluster_evolve_from_d_8_on(dim, route):
+    """The same 40 rows per cluster: the tree branch in d = 6, the votes in d = 10; (epsilon, delta) either way."""
+    k = 8
+    x = blobs(40, np.random.default_rng(12).uniform(-0.6, 0.6, (k, dim)), 0.05, 13)
+    est = AutoClustering(k=k, epsilon=1.0, delta=1e-6, domain=box(dim), features=tuple(f"f{j}" for j in range(dim)))
+    model = fit_numpy(est, x, seed=14)
+    assert model.info["auto"]["route"] == route
+    assert any("vote histograms" in c["step"] for c in model.charges) == (route == "evolution")
+    assert model.epsilon_spent == pytest.approx(1.0, rel=1e-9) and model.delta_spent == 1e-6
+    assert f"{estimator.evolution_min_rows(dim, 1):g} k" in est._validated()[1]
+
+
 def test_public_inputs_without_an_evolution_plan_take_the_tree_route_before_any_charge():
     """An epsilon so large OpenDP's conversion overflows: auto says so and plans the pure tree route."""
     est = AutoClustering(k=10, epsilon=1e5, delta=1e-6, domain=box(24), features=tuple(f"f{j}" for j in range(24)))

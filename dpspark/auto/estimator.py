@@ -17,7 +17,7 @@ configured (epsilon, delta); never the data:
   clusters in mid dimensions): private evolution of candidate centers (``dpspark.steps.evolution``,
   after PE-means): a noisy row count, then one Spark pass per generation counting each candidate's
   nearest points, released with the discrete Gaussian (zCDP-composed), selection and mutation on the
-  driver; (epsilon, delta)-DP. When the noisy count is under ``EVOLUTION_MIN_ROWS_PER_CLUSTER`` k or
+  driver; (epsilon, delta)-DP. When the noisy count is under ``evolution_min_rows(d, k)`` or
   over ``EVOLUTION_MAX_ROWS``, the tree route below runs on the rest of epsilon instead (``fit_votes``);
 - otherwise, k-means: the private LSH-tree coreset (``dpspark.steps.tree``) solved on the
   driver as the start of a few DP Lloyd steps on the full data, pure epsilon-DP;
@@ -98,12 +98,22 @@ EVOLUTION_MIN_K = 8
 # with k restarts' work each; above it, the tree route, as for maxcover).
 EVOLUTION_MAX_K = 128
 # The evolution route's released row count n_hat picks its branch (post-processing): evolution when
-# EVOLUTION_MIN_ROWS_PER_CLUSTER k <= n_hat <= EVOLUTION_MAX_ROWS, else the tree route with the rest of epsilon.
-# Below: too few points per cluster for noisy votes (the tree route measured better: blood, 748 rows, k 8-32).
+# evolution_min_rows(d, k) <= n_hat <= EVOLUTION_MAX_ROWS, else the tree route with the rest of epsilon.
+# Below: too few points per cluster for noisy votes. Where that is depends on d (public): in d = 5 the tree
+# route is better from 100 rows per cluster down (blood, 748 rows, k 8-64: tree 2.69/4.05/6.73/14.4 against
+# evolution 2.92/5.88/8.33/20.2), in d >= 10 evolution is better down to 10 (tripadvisor, 980 rows, d 10, k 8-64:
+# 1.52/1.94/2.22/2.81 against 1.61/2.16/2.75/3.73; google reviews, d 24, k 64: 2.13 against 2.47); median of 5,
+# docs/benchmarks.md "Few rows per cluster".
 # Above: T passes over the data with up to evolution.POPULATION_CAP candidates each cost many times the tree
 # route's 3-5 passes (at 3e4 x 24, k 16: about 20x), and the gain is measured only up to 3.3e4 rows (issue 51).
 EVOLUTION_MIN_ROWS_PER_CLUSTER = 100.0
+EVOLUTION_FEW_ROWS_MIN_DIM = 8  # from this d on ...
+EVOLUTION_MIN_ROWS_PER_CLUSTER_FEW_ROWS = 10.0  # ... this many noisy rows per cluster are enough
 EVOLUTION_MAX_ROWS = 100_000.0
+# Not chosen, measured (docs/benchmarks.md, "auto against maxcover at k = 2-7 in d > 3"): maxcover in d > 3 at
+# k < EVOLUTION_MIN_K is ahead of the tree route by 1-2% in 8 of 36 (table, k) cells, mostly the two 24-d tables
+# at k 3-6, and behind by more in 13 (up to 26%: credit k 7, blood k 7); no rule on d, k and a noisy row count
+# kept the gains without the losses. The evolution route below k 8 lost 20% on google reviews at k 2-3.
 
 ROUTES = {
     "maxcover": "maxcover with its default candidates (a noisy row count chooses the public grid or private grid cells)",
@@ -111,6 +121,13 @@ ROUTES = {
     "tree_lloyd": "private LSH-tree coreset, then DP Lloyd steps",
     "tree_kmedian": "private LSH-tree coreset, solved by weighted k-median",
 }
+
+
+def evolution_min_rows(dim: int, k: int) -> float:
+    """The fewest noisy rows for which the evolution route runs its votes (public: from d and k)."""
+    per_cluster = (EVOLUTION_MIN_ROWS_PER_CLUSTER_FEW_ROWS if dim >= EVOLUTION_FEW_ROWS_MIN_DIM
+                   else EVOLUTION_MIN_ROWS_PER_CLUSTER)
+    return per_cluster * k
 
 
 def choose(dim: int, objective: str, delta: float, k: int | None = None) -> tuple[str, str]:
@@ -123,7 +140,8 @@ def choose(dim: int, objective: str, delta: float, k: int | None = None) -> tupl
         return "evolution", (f"many clusters in mid dimensions (k={k} >= {EVOLUTION_MIN_K}, d={dim} > {GRID_MAX_DIM}, "
                              f"delta={delta:g} > 0): private evolution of candidate centers, which beat the tree "
                              "coreset there in the project's benchmark, when a noisy row count is between "
-                             f"{EVOLUTION_MIN_ROWS_PER_CLUSTER:g} k and {EVOLUTION_MAX_ROWS:g}")
+                             f"{evolution_min_rows(dim, 1):g} k (d {'>=' if dim >= EVOLUTION_FEW_ROWS_MIN_DIM else '<'} "
+                             f"{EVOLUTION_FEW_ROWS_MIN_DIM}) and {EVOLUTION_MAX_ROWS:g}")
     why = (f"d={dim} > {GRID_MAX_DIM}: grid cells thin out in many dimensions, random hyperplane cells do not"
            if dim > GRID_MAX_DIM else "delta=0: maxcover needs delta > 0, the tree route is pure epsilon-DP")
     return ("tree_lloyd" if objective == "kmeans" else "tree_kmedian"), why
@@ -268,7 +286,7 @@ class AutoClustering:
 
         1. n_hat, the row count with DLap noise (``evolution.COUNT_SHARE`` of epsilon);
         2. from n_hat only (post-processing), one branch with the rest, (epsilon - eps_count, delta):
-           EVOLUTION_MIN_ROWS_PER_CLUSTER k <= n_hat <= EVOLUTION_MAX_ROWS: the T vote histograms
+           evolution_min_rows(d, k) <= n_hat <= EVOLUTION_MAX_ROWS: the T vote histograms
            (``dpspark.steps.evolution``); else the tree + Lloyd route on epsilon - eps_count, pure, and the
            delta charged as planned (adaptive composition bounds the run by the count plus the costlier
            branch; what the run reports is that bound).
@@ -286,10 +304,11 @@ class AutoClustering:
         plan = evolution.plan(epsilon, delta, self.domain.dim)
         passes = {"count": 1, "votes": 0}
         noisy_n = evolution.noisy_row_count(exact_count, plan, accountant)
-        if not (EVOLUTION_MIN_ROWS_PER_CLUSTER * k <= noisy_n <= EVOLUTION_MAX_ROWS):
+        min_rows = evolution_min_rows(self.domain.dim, k)
+        if not (min_rows <= noisy_n <= EVOLUTION_MAX_ROWS):
             reason = (f"{why}; but its noisy row count {noisy_n:.0f} is "
-                      + (f"below {EVOLUTION_MIN_ROWS_PER_CLUSTER:g} k = {EVOLUTION_MIN_ROWS_PER_CLUSTER * k:g}: too few points "
-                         "per cluster for noisy votes" if noisy_n < EVOLUTION_MIN_ROWS_PER_CLUSTER * k else
+                      + (f"below {min_rows / k:g} k = {min_rows:g}: too few points "
+                         "per cluster for noisy votes" if noisy_n < min_rows else
                          f"above {EVOLUTION_MAX_ROWS:g}: {plan.generations} passes with up to {evolution.POPULATION_CAP} "
                          "candidates would cost many times the tree route")
                       + ", so the tree route runs on the rest of epsilon")
