@@ -60,7 +60,7 @@ def test_auto_chooses_evolution_for_many_clusters_in_mid_dimensions_only():
     assert choose(2, "kmeans", 1e-6, 16)[0] == "maxcover"
     est = AutoClustering(k=16, epsilon=0.7, delta=1e-6, domain=box(6), features=tuple("abcdef"))
     route, why = est._validated()
-    assert route == "evolution" and "k=16 >= 8" in why and "noisy row count is between 100 k and 100000" in why
+    assert route == "evolution" and "k=16 >= 8" in why and "noisy row count is between 100 k (d < 8) and 100000" in why
     assert est.privacy_plan() == (0.7, 1e-6)
 
 
@@ -125,7 +125,9 @@ def test_a_run_charges_the_count_and_one_block_of_exactly_t_histograms():
     x = blobs(150, np.random.default_rng(1).uniform(-0.6, 0.6, (k, dim)), 0.05, 2)  # 1200 rows >= 100 k
     est = AutoClustering(k=k, epsilon=0.9, delta=1e-7, domain=box(dim), features=tuple(f"f{j}" for j in range(dim)))
     model = fit_numpy(est, x, seed=5)
-    p = evolution.plan(0.9, 1e-7, dim)
+    # 1200 x 9 coordinates <= DEEP_MAX_WORK: twice PE-means' generations, chosen from the released count
+    p = evolution.plan(0.9, 1e-7, dim, generations_override=int(8 * math.sqrt(dim)))
+    assert evolution.generations(dim, model.info["auto"]["noisy_rows"]) == p.generations == 24
     assert [c["step"].split(" (")[0] for c in model.charges] == [
         "auto: noisy row count", f"auto: {p.generations} noisy vote histograms"]
     assert sum(c["epsilon"] for c in model.charges) == pytest.approx(0.9, rel=1e-9)
@@ -160,6 +162,16 @@ def test_outside_its_rows_the_route_runs_the_tree_on_the_rest_and_charges_the_pl
         est.fit_votes(lambda: counted.append(1) or u.shape[0], lambda pop: numpy_aggregate(u)(pop)[0], list("abcdef"),
                       Randomness(seed=6))
     assert counted == []
+
+
+def test_twice_the_generations_only_where_the_released_count_shows_a_cheap_pass():
+    assert evolution.generations(24) == evolution.generations(24, 1e6) == int(4 * math.sqrt(24)) == 19
+    assert evolution.generations(24, evolution.DEEP_MAX_WORK / 24) == int(8 * math.sqrt(24)) == 39
+    assert evolution.generations(24, evolution.DEEP_MAX_WORK / 24 + 1) == 19
+    assert evolution.generations(6, -50.0) == int(8 * math.sqrt(6))  # a negative noisy count reads as 0 rows
+    # either T has a plan spending the same block (the run's total does not depend on which one runs)
+    deep, default = (evolution.plan(1.0, 1e-6, 24, generations_override=t) for t in (39, 19))
+    assert deep.block_epsilon == default.block_epsilon and deep.sigma > default.sigma
 
 
 def test_the_fewest_rows_for_votes_depend_on_the_public_d():
@@ -315,7 +327,7 @@ def test_spark_fit_equals_the_numpy_reference_with_hostile_rows_and_any_partitio
             spark.createDataFrame(pdf).repartition(parts), operational=ops)
         assert model.info["auto"]["route"] == "evolution"
         assert np.array_equal(model.centers, ref.centers) and np.array_equal(model.noisy_weights, ref.noisy_weights)
-        assert ops["spark_passes"] == 1 + evolution.generations(dim)
+        assert ops["spark_passes"] == 1 + evolution.generations(dim, model.info["auto"]["noisy_rows"])
         assert model.epsilon_spent == pytest.approx(1.0, rel=1e-9) and model.delta_spent == 1e-6
     # too few rows for the votes: the tree branch, on Spark as on numpy
     small = x[: 40 * k]

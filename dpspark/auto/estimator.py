@@ -216,7 +216,9 @@ class AutoClustering:
             # Its plan (sigma from OpenDP's maps), before any charge: where none exists for these public inputs
             # (e.g. an epsilon of 10^4 overflows the conversion), the tree route, as for maxcover.
             try:
-                evolution.plan(float(self.epsilon), float(self.delta), self.domain.dim)
+                for noisy_n in (None, 0.0):  # the default T and the deep one (a small n_hat): either may run
+                    evolution.plan(float(self.epsilon), float(self.delta), self.domain.dim,
+                                   generations_override=evolution.generations(self.domain.dim, noisy_n))
             except Exception as exc:  # ValueError, AssertionError, OpenDP's errors: all from public inputs
                 return "tree_lloyd", (f"the evolution route has no plan for these public inputs ({type(exc).__name__}: "
                                       f"{str(exc)[:200]}); the tree route needs no delta and takes any epsilon")
@@ -286,8 +288,8 @@ class AutoClustering:
 
         1. n_hat, the row count with DLap noise (``evolution.COUNT_SHARE`` of epsilon);
         2. from n_hat only (post-processing), one branch with the rest, (epsilon - eps_count, delta):
-           evolution_min_rows(d, k) <= n_hat <= EVOLUTION_MAX_ROWS: the T vote histograms
-           (``dpspark.steps.evolution``); else the tree + Lloyd route on epsilon - eps_count, pure, and the
+           evolution_min_rows(d, k) <= n_hat <= EVOLUTION_MAX_ROWS: the T vote histograms, T =
+           ``evolution.generations(d, n_hat)`` and sigma from it (``dpspark.steps.evolution``); else the tree + Lloyd route on epsilon - eps_count, pure, and the
            delta charged as planned (adaptive composition bounds the run by the count plus the costlier
            branch; what the run reports is that bound).
         """
@@ -319,6 +321,10 @@ class AutoClustering:
                                  randomness, timings, operational, passes={"count": 1},
                                  spends="epsilon and delta (a noisy row count chose the tree branch of the evolution route)",
                                  delta_note="the configured delta is charged: the branch was chosen from a noisy count")
+        # T (and so sigma) from the released n_hat and public inputs: the same block budget, more generations
+        # where a pass is cheap (evolution.generations); both plans were validated before the count's charge
+        plan = evolution.plan(epsilon, delta, self.domain.dim,
+                              generations_override=evolution.generations(self.domain.dim, noisy_n))
 
         def counted_votes(population):
             with step(f"auto pass: nearest-candidate votes of {population.shape[0]} candidates "

@@ -35,7 +35,8 @@ Total (epsilon, delta) by basic composition of 1 and 2. Every other step (trunca
 mutation, the population size) is post-processing of released values.
 
 Public constants (as published, run_ours.py and PE_PARAMS, except where said):
-``generations(d)`` = max(1, int(4 sqrt d)); L = n_hat / (5 k) clipped to [L_MIN, population cap];
+``generations(d)`` = max(1, int(4 sqrt d)) (twice that where n_hat d <= ``DEEP_MAX_WORK``: not in the
+paper, T and sigma are then chosen from the released n_hat and public inputs); L = n_hat / (5 k) clipped to [L_MIN, population cap];
 the population is at most ``POPULATION_CAP`` candidates (not in the paper: a pass costs
 n x population x d, so the cap keeps it within a Spark job's time at any n); mutation steps
 are ``VAR_SCALE`` x the domain's radius x Levy(``LEVY_BETA``) (Mantegna's algorithm); the first
@@ -65,11 +66,21 @@ VAR_SCALE = 0.01  # mutation step, in units of the domain's radius
 LEVY_BETA = 1.75
 SNR_FLOOR = 1.0  # below this signal-to-noise ratio of a released histogram, L halves
 SELECT_RESTARTS = 10  # weighted k-means restarts per selection
+# Twice PE-means' generations (8 sqrt d) where n_hat d <= DEEP_MAX_WORK, i.e. where a pass over the rows is cheap
+# (at most 5 x 10^5 coordinates x POPULATION_CAP candidates: credit, 30000 x 24, stays at 4 sqrt d,
+# unmeasured with 8). Not in the paper; measured with the numpy reference
+# (eps 1, median of 5 seeded runs; int(4 sqrt d) -> int(8 sqrt d)): google reviews k 8 1.299 -> 1.187, k 32
+# 1.551 -> 1.413; tripadvisor k 16 1.827 -> 1.563; adult k 32 1.221 -> 1.153, k 8 1.065 -> 1.064; electrical k 16
+# 1.059 -> 1.066 (docs/benchmarks.md, "Generations").
+DEEP_GENERATIONS = 8.0
+DEEP_MAX_WORK = 500_000.0
 
 
-def generations(dim: int) -> int:
-    """T, public: int(4 sqrt(d)) generations, at least 1 (PE-means' default)."""
-    return max(1, int(4.0 * math.sqrt(dim)))
+def generations(dim: int, noisy_n: float | None = None) -> int:
+    """T, public: int(4 sqrt(d)) generations, at least 1 (PE-means' default); int(8 sqrt(d)) when the released
+    row count shows a pass is cheap (n_hat d <= ``DEEP_MAX_WORK``; ``noisy_n`` None: the default)."""
+    per_root_d = DEEP_GENERATIONS if noisy_n is not None and max(float(noisy_n), 0.0) * dim <= DEEP_MAX_WORK else 4.0
+    return max(1, int(per_root_d * math.sqrt(dim)))
 
 
 @dataclass(frozen=True)
