@@ -111,8 +111,8 @@ EVOLUTION_FEW_ROWS_MIN_DIM = 8  # from this d on ...
 EVOLUTION_MIN_ROWS_PER_CLUSTER_FEW_ROWS = 10.0  # ... this many noisy rows per cluster are enough
 EVOLUTION_MAX_ROWS = 100_000.0
 # Not chosen, measured (docs/benchmarks.md, "auto against maxcover at k = 2-7 in d > 3"): maxcover in d > 3 at
-# k < EVOLUTION_MIN_K is ahead of the tree route by 1-2% in 8 of 36 (table, k) cells, mostly the two 24-d tables
-# at k 3-6, and behind by more in 13 (up to 26%: credit k 7, blood k 7); no rule on d, k and a noisy row count
+# k < EVOLUTION_MIN_K is ahead of the tree route by 1-6% in 8 of 36 (table, k) cells, mostly the two 24-d tables
+# at k 3-6, and behind in 16 (up to 60%: blood k 7; 26%: credit k 7); no rule on d, k and a noisy row count
 # kept the gains without the losses. The evolution route below k 8 lost 20% on google reviews at k 2-3.
 
 ROUTES = {
