@@ -3,6 +3,8 @@
 The distance rule ``_sq_dists`` and ``nearest_center`` live here, below the families, so that the
 fitted model (``dpspark.model``), maxcover, dplloyd and auto label points by one rule without one
 family importing another (DESIGN.md, "Layout"). ``dpspark.maxcover.kernels`` re-exports them.
+Also the batch readers every pass shares (``batch_points``, ``arrow_out``; pyarrow imported inside
+them, as the executors run them) and the name of the packed column the runs persist.
 """
 
 from __future__ import annotations
@@ -11,6 +13,73 @@ import numpy as np
 
 # Distances per chunk of ``nearest_center`` (two float64 temporaries of 512 KiB: cache-sized).
 _NEAREST_CELLS = 1 << 16
+
+
+# The persisted points of a run (``dpspark.tables.packed_points``): ONE array<double> column holding a
+# row's d unit-space coordinates. A pass reads it from an Arrow batch as one contiguous buffer (a
+# reshape, no per-column copy): measured at 10^6 rows (local[2]), a Python pass that only reads the
+# points took 0.67 s against 1.52 s for d = 50 double columns, 0.34 s against 0.50 s for d = 10.
+PACKED_COLUMN = "_u"
+
+
+def batch_points(batch, columns, dim: int) -> np.ndarray:
+    """The (rows x dim) float64 points of one batch, as stored (callers sanitize): an Arrow
+    ``RecordBatch`` (``mapInArrow``) or a pandas frame (``mapInPandas``, tests), holding either the
+    ``dim`` double columns ``columns`` or, when ``columns == [PACKED_COLUMN]``, the one packed column.
+
+    A null value reads as NaN in every layout (``sanitize_unit`` then makes it 0). A packed row must
+    hold exactly ``dim`` values (``packed_points`` builds them so): anything else is an error, never
+    a reshape that would mix two rows.
+    """
+    columns = list(columns)
+    packed = columns == [PACKED_COLUMN]
+    if not packed and len(columns) != dim:
+        raise ValueError(f"columns={columns} should name {dim} columns or be [{PACKED_COLUMN!r}]")
+    if hasattr(batch, "schema"):  # an Arrow RecordBatch: no pandas frame is built
+        if not packed:
+            if batch.num_rows == 0:
+                return np.zeros((0, dim), dtype=np.float64)
+            return np.column_stack([batch.column(c).to_numpy(zero_copy_only=False) for c in columns]).astype(np.float64, copy=False)
+        import pyarrow.compute as pc
+
+        col = batch.column(PACKED_COLUMN)
+        if len(col) == 0:
+            return np.zeros((0, dim), dtype=np.float64)
+        lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        if col.null_count or not np.all(lengths == dim):
+            raise ValueError(f"a packed row does not hold exactly dim={dim} values")
+        flat = col.flatten().to_numpy(zero_copy_only=False)  # slice-aware; a null value -> NaN
+        return np.asarray(flat, dtype=np.float64).reshape(-1, dim)
+    if not packed:
+        return batch[columns].to_numpy(dtype=np.float64).reshape(-1, dim)
+    rows = [np.asarray(v if v is not None else [], dtype=np.float64) for v in batch[PACKED_COLUMN]]
+    if any(r.shape != (dim,) for r in rows):
+        raise ValueError(f"a packed row does not hold exactly dim={dim} values")
+    return np.array(rows, dtype=np.float64).reshape(-1, dim)
+
+
+def packed_batch(x: np.ndarray):
+    """(rows x d) float64 points -> an Arrow RecordBatch of the packed column (lists of d values):
+    the layout ``packed_points`` persists, for a pass that writes points (the uncovered filter)."""
+    import pyarrow as pa
+
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    rows, dim = x.shape
+    offsets = pa.array(np.arange(0, (rows + 1) * dim, dim, dtype=np.int32))
+    return pa.RecordBatch.from_arrays([pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1)))], [PACKED_COLUMN])
+
+
+def arrow_out(fn):
+    """A ``mapInArrow`` kernel from a function of batches (Arrow or pandas, read by ``batch_points``)
+    that yields pandas frames (each becomes a RecordBatch) or RecordBatches (passed on)."""
+
+    def run(batches):
+        import pyarrow as pa
+
+        for out in fn(batches):
+            yield out if isinstance(out, pa.RecordBatch) else pa.RecordBatch.from_pandas(out, preserve_index=False)
+
+    return run
 
 
 def _sq_dists(x: np.ndarray, c: np.ndarray) -> np.ndarray:

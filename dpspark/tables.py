@@ -426,6 +426,17 @@ def prepare_points(df, features: tuple[str, ...], privacy_unit: str | None, doma
     return unit, names
 
 
+def packed_points(unit_df, dim: int):
+    """The unit-space points of ``prepare_points`` as ONE array<double> column (``kernels.PACKED_COLUMN``)
+    of the d values in order: what a run persists for its Python passes (``kernels.batch_points``
+    reads a batch of it as one buffer). The same doubles, so every pass's result is unchanged. Lazy."""
+    from pyspark.sql import functions as F
+
+    from dpspark.kernels import PACKED_COLUMN
+
+    return unit_df.select(F.array(*[F.col(c) for c in unit_columns(dim)]).alias(PACKED_COLUMN))
+
+
 def prepare_raw(df, features: tuple[str, ...], privacy_unit: str | None, dim: int, run_key: str):
     """Bound contributions and drop invalid rows (a null, NaN or infinite feature): (DataFrame with
     the finite double columns ``__f0..__f{d-1}`` in original units, feature names). Lazy."""

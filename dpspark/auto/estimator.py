@@ -61,6 +61,7 @@ import numpy as np
 
 from dpspark import solvers, tables
 from dpspark.auto import selection
+from dpspark.kernels import PACKED_COLUMN
 from dpspark.model import ClusteringModel
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
@@ -258,8 +259,8 @@ class AutoClustering:
 
     def _tree(self, df, route: str, why: str, randomness: Randomness, timings: dict, operational: dict | None) -> ClusteringModel:
         unit_df, feature_names = tables.prepare_points(df, self.features, self.privacy_unit, self.domain, randomness.run_key)
-        columns = tables.unit_columns(self.domain.dim)
-        cached = unit_df.persist()
+        columns = [PACKED_COLUMN]  # one packed column: each batch read as one buffer (``kernels.batch_points``)
+        cached = tables.packed_points(unit_df, self.domain.dim).persist()
         try:
             return self.fit_aggregates(tree.spark_tree_aggregates(cached, columns, timings=timings),
                                        spark_aggregate(cached, columns), selection.spark_costs(cached, columns, timings),
@@ -269,8 +270,8 @@ class AutoClustering:
 
     def _evolution(self, df, why: str, randomness: Randomness, timings: dict, operational: dict | None) -> ClusteringModel:
         unit_df, feature_names = tables.prepare_points(df, self.features, self.privacy_unit, self.domain, randomness.run_key)
-        columns = tables.unit_columns(self.domain.dim)
-        cached = unit_df.persist()
+        columns = [PACKED_COLUMN]  # one packed column: each batch read as one buffer (``kernels.batch_points``)
+        cached = tables.packed_points(unit_df, self.domain.dim).persist()
         try:
             aggregate = spark_aggregate(cached, columns)
             tree_branch = (tree.spark_tree_aggregates(cached, columns, timings=timings), aggregate,

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from dpspark.kernels import nearest_center  # numpy only
+from dpspark.kernels import batch_points, nearest_center  # numpy only
 from dpspark.privacy.fixedpoint import SCALE, quantize
 
 
@@ -74,7 +74,7 @@ def solution_costs(fixed_points: np.ndarray, solutions: np.ndarray, power: int, 
 
 
 def cost_aggregator(solutions: np.ndarray, power: int, cap: float, columns: list[str]):
-    """The ``mapInPandas`` function of the selection pass: per-partition exact costs of every solution,
+    """The selection pass's function of a partition's batches (Arrow or pandas, ``batch_points``): its exact costs of every solution,
     as decimal text (schema ``solution INT, cost STRING``): a Python int of any size, never an int64."""
     sols = np.asarray(solutions, dtype=np.float64)
 
@@ -82,9 +82,9 @@ def cost_aggregator(solutions: np.ndarray, power: int, cap: float, columns: list
         import pandas as pd
 
         total = [0] * sols.shape[0]  # Python ints: unbounded
-        for pdf in batches:
-            if len(pdf):
-                part = solution_costs(quantize(pdf[columns].to_numpy(dtype=np.float64)), sols, power, cap)
+        for batch in batches:
+            if len(batch):
+                part = solution_costs(quantize(batch_points(batch, columns, sols.shape[2])), sols, power, cap)
                 total = [t + int(c) for t, c in zip(total, part)]
         yield pd.DataFrame({"solution": np.arange(sols.shape[0], dtype=np.int32), "cost": [str(t) for t in total]})
 

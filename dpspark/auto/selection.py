@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpspark.kernels import arrow_out
 from dpspark.auto.kernels import COST_BITS, cost_aggregator, solution_costs
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
@@ -72,7 +73,7 @@ def spark_costs(df, columns: list[str], timings: dict | None = None):
         with step(f"auto pass: exact cost of {sols.shape[0]} candidate solutions", timings):
             # One row per (partition, solution), its exact total as decimal text: the driver adds them
             # as Python ints (a Spark sum of LONGs would wrap silently past 2**63).
-            pdf = df.mapInPandas(cost_aggregator(sols, power, cap, columns), "solution INT, cost STRING").toPandas()
+            pdf = df.mapInArrow(arrow_out(cost_aggregator(sols, power, cap, columns)), "solution INT, cost STRING").toPandas()
         out = np.zeros(sols.shape[0], dtype=object)  # (M,) exact Python ints
         for i, cost in zip(pdf["solution"].to_numpy(dtype=np.int64), pdf["cost"]):
             out[int(i)] += int(cost)

@@ -16,6 +16,7 @@ from dataclasses import asdict
 
 from dpspark import tables
 from dpspark.dplloyd import core
+from dpspark.kernels import PACKED_COLUMN
 from dpspark.dplloyd.params import MERGES, NOISE_RULES, VARIANTS, DPLloydParams
 from dpspark.model import ClusteringModel
 from dpspark.privacy.accountant import Accountant
@@ -86,8 +87,9 @@ class DPLloyd:
         accountant = Accountant(epsilon, delta, randomness.noise)
         timings = {} if timings is None else timings
         unit_df, feature_names = tables.prepare_points(df, self.features, self.privacy_unit, self.domain, randomness.run_key)
-        columns = tables.unit_columns(self.domain.dim)
-        cached = unit_df.persist()
+        # one packed column: the passes read each batch as one buffer (``kernels.batch_points``)
+        columns = [PACKED_COLUMN]
+        cached = tables.packed_points(unit_df, self.domain.dim).persist()
         try:
             centers_unit, noisy_weights, trace = core.run_lloyd(
                 spark_aggregate(cached, columns), self.domain, self.k, params, accountant,

@@ -67,6 +67,7 @@ import numpy as np
 from dpspark import tables
 from dpspark.steps import tree
 from dpspark.errors import SchemaError
+from dpspark.kernels import PACKED_COLUMN
 from dpspark.maxcover import core, kernels, passes
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
@@ -336,21 +337,34 @@ def coarse_index(unit: np.ndarray, side: int) -> np.ndarray:
     return (c * (side ** np.arange(unit.shape[1], dtype=np.int64))).sum(axis=1)
 
 
-def coarse_column(columns: list[str], side: int):
-    """Spark: the cell of the unit-space columns (see ``coarse_index``)."""
+def unit_values(columns: list[str], dim: int):
+    """Spark: the d unit-space values of a row, from the d columns or the packed column's elements."""
     from pyspark.sql import functions as F
 
+    if list(columns) == [PACKED_COLUMN]:
+        return [F.col(PACKED_COLUMN).getItem(j) for j in range(dim)]
+    if len(columns) != dim:
+        raise ValueError(f"columns={list(columns)} should name dim={dim} columns")
+    return [F.col(c) for c in columns]
+
+
+def coarse_column(columns: list[str], side: int, dim: int | None = None):
+    """Spark: the cell of the unit-space columns (see ``coarse_index``); ``dim`` for the packed column."""
+    from pyspark.sql import functions as F
+
+    dim = len(columns) if dim is None else int(dim)
     cell = F.lit(0).cast("long")
-    for j, name in enumerate(columns):
-        c = F.least(F.greatest(F.floor((F.col(name) + F.lit(1.0)) * F.lit(side / 2.0)), F.lit(0)), F.lit(side - 1))
+    for j, value in enumerate(unit_values(columns, dim)):
+        c = F.least(F.greatest(F.floor((value + F.lit(1.0)) * F.lit(side / 2.0)), F.lit(0)), F.lit(side - 1))
         cell = cell + c.cast("long") * F.lit(side ** j).cast("long")
     return cell
 
 
-def coarse_histogram(df, columns: list[str], side: int) -> np.ndarray:
+def coarse_histogram(df, columns: list[str], side: int, dim: int | None = None) -> np.ndarray:
     """One Spark job: the exact count of every cell, (side^d,) int64, empty cells 0 (NOT private)."""
-    rows = df.groupBy(coarse_column(columns, side).alias("cell")).count().collect()
-    exact_counts = np.zeros(side ** len(columns), dtype=np.int64)
+    dim = len(columns) if dim is None else int(dim)
+    rows = df.groupBy(coarse_column(columns, side, dim).alias("cell")).count().collect()
+    exact_counts = np.zeros(side ** dim, dtype=np.int64)
     for r in rows:
         exact_counts[int(r["cell"])] = int(r["count"])
     return exact_counts

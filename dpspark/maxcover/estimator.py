@@ -58,6 +58,7 @@ from dpspark.maxcover.params import (CANDIDATE_MODES, CHARGED_MODES, CHOICE_SHAR
                                      MAX_LLOYD_SHARE, MAX_PAIRS_ENV, MAX_SIGNATURES_ENV, bounded)
 from dpspark.maxcover.passes import PassCounter, SparkCoverage, snap_counts
 from dpspark.errors import ConfigError, SchemaError
+from dpspark.kernels import PACKED_COLUMN
 from dpspark.model import ClusteringModel
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
@@ -347,8 +348,8 @@ class MaxCover:
         counter = PassCounter()
         p = POWER[self.objective]
         unit_df, feature_names = tables.prepare_points(df, self.features, self.privacy_unit, self.domain, randomness.run_key)
-        columns = tables.unit_columns(self.domain.dim)
-        cached = unit_df.persist()
+        columns = [PACKED_COLUMN]  # one packed column: each batch read as one buffer (``kernels.batch_points``)
+        cached = tables.packed_points(unit_df, self.domain.dim).persist()
         provider = None
         try:
             coarse = {}
@@ -357,7 +358,7 @@ class MaxCover:
                 with step("maxcover pass: coarse histogram (the row count chooses the candidates; the grid goes "
                           "where the data is)", timings):
                     counter.add("count")
-                    coarse["counts"] = cand_mod.coarse_histogram(cached, columns, cand_mod.zoom_side(self.domain.dim))
+                    coarse["counts"] = cand_mod.coarse_histogram(cached, columns, cand_mod.zoom_side(self.domain.dim), self.domain.dim)
                     return coarse["counts"]
 
             params, budget, choice = self.resolve_candidates(configured, exact_histogram, accountant)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dpspark.kernels import _SCREEN_MIN_DIM, _SCREEN_ROWS, _per_entry_nearest, _sq_dists, nearest_center  # noqa: F401 (shared rule)
+from dpspark.kernels import PACKED_COLUMN, arrow_out, batch_points, packed_batch  # noqa: F401 (shared; the passes import arrow_out here)
 from dpspark.privacy.fixedpoint import SCALE, sanitize_unit
 
 # Upper bound on the number of float64 cells one chunk of a distance computation may use.
@@ -182,35 +183,19 @@ def cost_within_each(x: np.ndarray, pts: np.ndarray, ts, p: int, screen_factor: 
     return outs
 
 
-def _batches_of_points(batches, columns):
-    """The (rows x d) float64 points of each non-empty batch, through ``sanitize_unit``.
+def _batches_of_points(batches, columns, dim: int | None = None):
+    """The (rows x d) float64 points of each non-empty batch (``batch_points``: Arrow or pandas, d double
+    columns or the packed one, ``dim`` needed for the latter), through ``sanitize_unit``.
 
     Second line of defence (``dpspark.privacy.fixedpoint``): NaN -> 0, +-inf -> +-1, clamp into
     [-1, 1]. A NaN row reaching the bounding-box tests would make its whole chunk's box NaN, every
     comparison false, and so remove up to ``_PRUNE_ROWS`` OTHER points from the counts.
     """
+    dim = len(columns) if dim is None else dim
     for batch in batches:
         if not len(batch):
             continue
-        if hasattr(batch, "schema"):  # an Arrow RecordBatch (``mapInArrow``): no pandas frame is built
-            # a null reads as NaN, as in pandas, and sanitize_unit makes it 0
-            yield sanitize_unit(np.column_stack([batch.column(c).to_numpy(zero_copy_only=False) for c in columns]))
-        else:
-            yield sanitize_unit(batch[columns].to_numpy(dtype=np.float64))
-
-
-def arrow_out(fn):
-    """A kernel for ``mapInArrow``: reads the Arrow batches as they come (``_batches_of_points`` takes
-    either kind) and turns each pandas frame it yields into a RecordBatch. Reading the points without
-    building pandas frames saves about 0.5 s per pass over 10^6 points at d = 50 (local[2])."""
-
-    def run(batches):
-        import pyarrow as pa
-
-        for pdf in fn(batches):
-            yield pa.RecordBatch.from_pandas(pdf, preserve_index=False)
-
-    return run
+        yield sanitize_unit(batch_points(batch, columns, dim))
 
 
 def _chunk_size(n_cols: int, dim: int) -> int:
@@ -260,7 +245,7 @@ def signature_aggregator(candidates, pick_pts, pick_t, t, p: int, columns: list[
 
         agg: dict[bytes, int] = {}
         empty = 0
-        for x in _batches_of_points(batches, columns):
+        for x in _batches_of_points(batches, columns, dim):
             packed_parts = []
             for xc in _chunks(x, rows):
                 xc = _drop_covered(xc, pick_pts, pick_t, p)
@@ -293,24 +278,33 @@ def signature_aggregator(candidates, pick_pts, pick_t, t, p: int, columns: list[
     return run
 
 
-def uncovered_filter(pick_pts, pick_t, p: int, columns: list[str], chunk_rows: int | None = None):
+def uncovered_filter(pick_pts, pick_t, p: int, columns: list[str], chunk_rows: int | None = None, dim: int | None = None):
     """``mapInPandas`` function: the rows (``columns``, as ``sanitize_unit`` reads them) not covered by any pick.
 
     Covered means dist^p <= t for some (pick point, t): the rule of ``_drop_covered``, entry by
     entry, so a later pass over the kept rows sees exactly the points a pass over all rows would
-    keep (``sanitize_unit`` is idempotent).
+    keep (``sanitize_unit`` is idempotent). The kept rows come out in the layout they came in: d
+    double columns (a pandas frame), or the packed column (``columns == [PACKED_COLUMN]``, ``dim``
+    given; an Arrow RecordBatch of lists of ``dim`` values, which ``arrow_out`` passes on).
     """
-    pick_pts = np.ascontiguousarray(pick_pts, dtype=np.float64).reshape(-1, len(columns))
+    packed = list(columns) == [PACKED_COLUMN]
+    if packed and dim is None:
+        raise ValueError(f"columns={list(columns)}: the packed column needs dim")
+    dim = len(columns) if dim is None else int(dim)
+    if not packed and dim != len(columns):
+        raise ValueError(f"columns={list(columns)} should name dim={dim} columns")
+    pick_pts = np.ascontiguousarray(pick_pts, dtype=np.float64).reshape(-1, dim)
     pick_t = np.asarray(pick_t, dtype=np.float64).reshape(-1)
     rows = chunk_rows or _PRUNE_ROWS
 
     def run(batches):
         import pandas as pd
 
-        for x in _batches_of_points(batches, columns):
+        for x in _batches_of_points(batches, columns, dim):
             kept = [xc for xc in (_drop_covered(xc, pick_pts, pick_t, p) for xc in _chunks(x, rows)) if xc.shape[0]]
             if kept:
-                yield pd.DataFrame(np.concatenate(kept), columns=columns)
+                kept_x = np.concatenate(kept)
+                yield packed_batch(kept_x) if packed else pd.DataFrame(kept_x, columns=columns)
 
     return run
 
@@ -396,7 +390,7 @@ def snap_aggregator(centers, columns: list[str], chunk_rows: int | None = None):
         import pandas as pd
 
         counts = np.zeros(k, dtype=np.int64)
-        for x in _batches_of_points(batches, columns):
+        for x in _batches_of_points(batches, columns, centers.shape[1]):
             counts += np.bincount(nearest_center(x, centers, chunk_rows), minlength=k).astype(np.int64)
         yield pd.DataFrame({"center": np.arange(k, dtype=np.int32), "n": counts})
 
@@ -568,6 +562,8 @@ def cell_hash_counter(sides: Sequence[float], shifts: Sequence[np.ndarray], colu
     sides = [float(s) for s in sides]
     shifts = [np.asarray(s, dtype=np.float64) for s in shifts]
 
+    dim = shifts[0].shape[0] if shifts else len(columns)
+
     def run(batches):
         import pandas as pd
 
@@ -580,7 +576,7 @@ def cell_hash_counter(sides: Sequence[float], shifts: Sequence[np.ndarray], colu
                 pending[level] = [_merge_keyed(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))]
             rows[level] = pending[level][0][0].shape[0] if pending[level] else 0
 
-        for x in _batches_of_points(batches, columns):
+        for x in _batches_of_points(batches, columns, dim):
             for level, (side, shift) in enumerate(zip(sides, shifts)):
                 h = cell_hashes(cell_indices(x, side, shift), hash_bits)
                 pending[level].append(_merge_keyed(h, np.ones(h.shape[0], dtype=np.int64)))
@@ -645,7 +641,7 @@ def cell_aggregator(sides: Sequence[float], shifts: Sequence[np.ndarray], column
                 pending[level] = [merge(level, pending[level])]
             rows[level] = pending[level][0][0].shape[0] if pending[level] else 0
 
-        for x in _batches_of_points(batches, columns):
+        for x in _batches_of_points(batches, columns, dim):
             for level, (side, shift) in enumerate(zip(sides, shifts)):
                 if only_hashes is not None and not only_hashes[level].size:
                     continue

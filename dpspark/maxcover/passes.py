@@ -278,7 +278,7 @@ class SparkCoverage:
         if (pending and self._uncovered is not None and self._current_rows
                 and self._uncovered <= SHRINK_FRACTION * self._current_rows):
             pick_pts, pick_t = self._picks(pending)
-            smaller = (self._current.mapInArrow(arrow_out(uncovered_filter(pick_pts, pick_t, self.p, self.columns)),
+            smaller = (self._current.mapInArrow(arrow_out(uncovered_filter(pick_pts, pick_t, self.p, self.columns, dim=self.candidates.shape[1])),
                                                  self._current.schema)
                        .persist(StorageLevel.MEMORY_AND_DISK))
             self._owned.append(smaller)
@@ -609,7 +609,7 @@ def cell_aggregates(df, columns: list[str], sides: Sequence[float], shifts: Sequ
       of one; at 10^6 points, local[2]: 18.4 s instead of 96.5 s at d = 50, 9.1 s instead of
       12.1 s at d = 10 (``scripts/bench_cell_pass.py``, bench/results/maxcover/cell_pass.md).
     """
-    dim = len(columns)
+    dim = np.asarray(shifts[0]).shape[0] if len(shifts) else len(columns)
     if method == "auto":
         method = "hash" if dim >= HASH_FIRST_MIN_DIM else "direct"
     if method not in ("direct", "hash"):
@@ -648,7 +648,7 @@ def _repeated_cell_hashes(df, columns, sides, shifts, min_count, hash_bits, coun
 def _cell_rows(df, columns, sides, shifts, min_count, only_hashes, hash_bits, counter, timings):
     from pyspark.sql import functions as F
 
-    dim = len(columns)
+    dim = np.asarray(shifts[0]).shape[0] if len(shifts) else len(columns)
     fn = cell_aggregator(sides, shifts, columns, 1 << 16, only_hashes=only_hashes, hash_bits=hash_bits)
     gcols = [f"g{j}" for j in range(dim)]
     scols = [f"s{j}" for j in range(dim)]

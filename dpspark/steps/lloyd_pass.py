@@ -1,7 +1,8 @@
 """The Spark pass of one DP Lloyd iteration (dplloyd, auto and maxcover run it): executors
 aggregate, the driver decides.
 
-Each executor task reads its Arrow batches of unit-space points, quantizes them to
+Each executor task reads its Arrow batches of unit-space points (``mapInArrow``; the d double
+columns or the one packed column, ``dpspark.kernels.batch_points``), quantizes them to
 fixed point, assigns every point to its nearest centroid (vectorised numpy), and
 emits one row per centroid with the exact count and the exact int64 coordinate
 sums of its partition. The driver adds the per-partition rows as int64: integer
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpspark.kernels import arrow_out, batch_points
 from dpspark.privacy.fixedpoint import quantize
 from dpspark.steps.lloyd_kernels import exact_aggregates
 
@@ -22,7 +24,8 @@ def _schema(dim: int) -> str:
 
 
 def partition_aggregator(centroids: np.ndarray, columns: list[str]):
-    """The function run by ``mapInPandas``: exact partial aggregates of one partition."""
+    """Exact partial aggregates of one partition, as one pandas frame, from its batches (Arrow or pandas;
+    the Spark pass runs it through ``arrow_out``)."""
     centroids = np.asarray(centroids, dtype=np.float64)
     k, dim = centroids.shape
 
@@ -31,10 +34,10 @@ def partition_aggregator(centroids: np.ndarray, columns: list[str]):
 
         counts = np.zeros(k, dtype=np.int64)
         sums = np.zeros((k, dim), dtype=np.int64)
-        for pdf in batches:
-            if len(pdf) == 0:
+        for batch in batches:
+            if len(batch) == 0:
                 continue
-            q = quantize(pdf[columns].to_numpy(dtype=np.float64))  # fixed point, bounded (NaN -> 0, clamped)
+            q = quantize(batch_points(batch, columns, dim))  # fixed point, bounded (NaN -> 0, clamped)
             c, s_ = exact_aggregates(q, centroids)
             counts += c
             sums += s_
@@ -52,7 +55,7 @@ def spark_aggregate(df, columns: list[str]):
     def aggregate(centroids: np.ndarray):
         centroids = np.asarray(centroids, dtype=np.float64)
         k, dim = centroids.shape
-        parts = df.mapInPandas(partition_aggregator(centroids, columns), _schema(dim)).toPandas()
+        parts = df.mapInArrow(arrow_out(partition_aggregator(centroids, columns)), _schema(dim)).toPandas()
         counts = np.zeros(k, dtype=np.int64)
         sums = np.zeros((k, dim), dtype=np.int64)
         if len(parts):

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dpspark.kernels import arrow_out
 from dpspark.steps.tree_kernels import fixed_planes, leaf_aggregates, tree_aggregator
 from dpspark.privacy.accountant import Accountant
 from dpspark.privacy.domain import Domain
@@ -86,15 +87,15 @@ def numpy_tree_aggregates(unit_points: np.ndarray):
 
 
 def spark_tree_aggregates(df, columns: list[str], counter=None, timings: dict | None = None):
-    """An ``aggregate(w, b)`` callable backed by ONE Spark pass (mapInPandas, then a sum per deepest path)."""
+    """An ``aggregate(w, b)`` callable backed by ONE Spark pass (mapInArrow, then a sum per deepest path)."""
 
     def aggregate(w, b):
         from pyspark.sql import functions as F
 
-        dim = len(columns)
+        dim = np.asarray(w).shape[1]
         schema = "code LONG, n LONG, " + ", ".join(f"s{j} LONG" for j in range(dim))
         with step(f"auto pass: LSH tree counts and sums ({w.shape[0]} levels)", timings):
-            pdf = (df.mapInPandas(tree_aggregator(w, b, columns), schema)
+            pdf = (df.mapInArrow(arrow_out(tree_aggregator(w, b, columns)), schema)
                    .groupBy("code").agg(F.sum("n").alias("n"), *[F.sum(f"s{j}").alias(f"s{j}") for j in range(dim)])
                    .toPandas())
         if counter is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpspark.kernels import batch_points
 from dpspark.privacy.fixedpoint import SCALE, quantize
 
 PLANE_BITS = 20  # hyperplane normals in fixed point (the same resolution as the points)
@@ -60,7 +61,8 @@ def _reduce(codes: np.ndarray, counts: np.ndarray, sums: np.ndarray):
 
 
 def tree_aggregator(w: np.ndarray, b: np.ndarray, columns: list[str]):
-    """The ``mapInPandas`` function of the tree pass: exact per-partition aggregates per deepest path."""
+    """The tree pass's function of a partition's batches (Arrow or pandas, ``batch_points``): exact
+    per-partition aggregates per deepest path, as one pandas frame (``arrow_out`` makes it Arrow)."""
     w = np.asarray(w, dtype=np.int64)
     b = np.asarray(b, dtype=np.int64)
     dim = w.shape[1]
@@ -69,10 +71,10 @@ def tree_aggregator(w: np.ndarray, b: np.ndarray, columns: list[str]):
         import pandas as pd
 
         parts = []
-        for pdf in batches:
-            if len(pdf) == 0:
+        for batch in batches:
+            if len(batch) == 0:
                 continue
-            q = quantize(pdf[columns].to_numpy(dtype=np.float64))  # bounded fixed point, NaN -> 0
+            q = quantize(batch_points(batch, columns, dim))  # bounded fixed point, NaN -> 0
             parts.append(leaf_aggregates(q, w, b))
         if not parts:
             return
