@@ -171,3 +171,48 @@ def _screened_nearest(x: np.ndarray, centers: np.ndarray) -> np.ndarray:
             labels[rows] = _per_entry_nearest(xs[rows], centers)
         out[start : start + len(xs)] = labels
     return out
+
+
+def nearest_center_each(x: np.ndarray, center_sets: np.ndarray) -> np.ndarray:
+    """(rows x M) int64: column m is ``nearest_center(x, center_sets[m])``, bit for bit.
+
+    ``center_sets`` is (M, k, d): M sets of k centers (auto's candidate solutions). From
+    ``_SCREEN_MIN_DIM`` dimensions on, ONE BLAS product per block screens every set at once
+    (``_screened_nearest``'s argument, per set: its own center norm in the margin), and each
+    (row, set) the screen leaves undecided gets the per-entry rule over that set; below, or with
+    one center a set, each set goes through ``nearest_center``. So each label is the rule's, as
+    for one set: it depends only on that row and the public centers.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    sets = np.asarray(center_sets, dtype=np.float64)
+    m, k, dim = sets.shape
+    if k < 2 or dim < _SCREEN_MIN_DIM:
+        return np.stack([nearest_center(x, sets[i]) for i in range(m)], axis=1).reshape(x.shape[0], m)
+    flat = sets.reshape(m * k, dim)
+    c_sq = np.einsum("ij,ij->i", flat, flat).reshape(m, k)
+    with np.errstate(all="ignore"):
+        c_norm = np.where(np.all(np.isfinite(c_sq), axis=1), np.sqrt(c_sq.max(axis=1)), np.inf)  # per set
+    u = 2.0 ** -53
+    g = (dim + 3) * u / (1.0 - (dim + 3) * u)
+    factor = 8.0 * g * (1.0 + 1e-6)
+    out = np.empty((x.shape[0], m), dtype=np.int64)
+    block = max(1, (_SCREEN_ROWS * 32) // (m * k))  # rows per block: a (rows x M x k) temporary of about 2^19 entries
+    minus_two = -2.0 * flat.T  # exact (a power of two): the product is -2 x.c
+    for start in range(0, x.shape[0], block):
+        xs = x[start : start + block]
+        with np.errstate(all="ignore"):
+            x_sq = np.einsum("ij,ij->i", xs, xs)
+            approx = (xs @ minus_two).reshape(len(xs), m, k)
+            approx += c_sq[None, :, :]
+            approx += x_sq[:, None, None]
+            labels = np.argmin(approx, axis=2)  # the unique center within the margin, where there is one
+            best = np.take_along_axis(approx, labels[:, :, None], axis=2)[:, :, 0]
+            norms = np.sqrt(x_sq)[:, None] + c_norm[None, :]
+            margin = factor * norms ** 2
+            near = np.count_nonzero(approx <= (best + margin)[:, :, None], axis=2)
+        undecided = (near != 1) | ~np.isfinite(best) | ~np.isfinite(margin) | (norms < 1e-100)
+        for i in np.flatnonzero(undecided.any(axis=0)):
+            rows = np.flatnonzero(undecided[:, i])
+            labels[rows, i] = _per_entry_nearest(xs[rows], sets[i])
+        out[start : start + len(xs)] = labels
+    return out

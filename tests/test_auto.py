@@ -133,6 +133,84 @@ def test_one_record_moves_every_solution_cost_the_same_way_by_at_most_the_cap(va
     assert kernels.solution_costs(quantize(far), np.zeros((1, k, dim)) - 1.0, 2, cap)[0] == math.floor(cap * (1 << kernels.COST_BITS))
 
 
+def _rule_costs(fixed_points, solutions, power, cap):
+    """The selection's costs by the rule alone, one solution at a time: the per-entry nearest center
+    (``_per_entry_nearest``, no screen), its distance by explicit differences, each term in fixed point."""
+    from dpspark.kernels import _per_entry_nearest
+
+    x = fixed_points.astype(np.float64) / SCALE
+    limit = kernels.term_limit(cap)
+    out = []
+    for sol in np.asarray(solutions, dtype=np.float64):
+        near = sol[_per_entry_nearest(x, sol)]
+        d2 = np.zeros(len(x))
+        for j in range(x.shape[1]):
+            d2 += (x[:, j] - near[:, j]) ** 2
+        term = d2 if power == 2 else np.sqrt(d2)
+        out.append(sum(min(int(v), limit) for v in np.rint(term * (1 << kernels.COST_BITS))))
+    return out
+
+
+@pytest.mark.parametrize("dim", [2, 3, 4, 9, 50])
+@pytest.mark.parametrize("power", [1, 2])
+def test_the_selection_screens_every_solution_at_once_and_keeps_the_rules_costs(dim, power):
+    """solution_costs labels every solution's nearest center from one BLAS screen (nearest_center_each):
+    each label and each cost is the per-entry rule's, one solution at a time, bit for bit: ties
+    (duplicated centers, points halfway), hostile values, a solution of one center, many rows."""
+    from dpspark.kernels import _per_entry_nearest, nearest_center, nearest_center_each
+
+    rng = np.random.default_rng(dim * 10 + power)
+    k, m = 6, 7
+    x, centers = unit_blobs(dim, k, 400, seed=dim)
+    sols = np.stack([centers + rng.normal(0, 0.05, centers.shape) for _ in range(m)])
+    sols[1, 3] = sols[1, 0]  # a duplicated center: ties go to the lower index
+    sols[2] = np.clip(sols[2] * 3.0, -1.0, 1.0)
+    halfway = (sols[3, 0] + sols[3, 1]) / 2.0  # a point exactly between two centers of one solution
+    hostile = np.full((len(HOSTILE), dim), 0.3)
+    hostile[:, 0] = HOSTILE
+    q = quantize(np.vstack([x, np.tile(halfway, (5, 1)), hostile, -x[:50]]))
+    cap = selection.cost_cap(box(dim), power)
+    points = q.astype(np.float64) / SCALE
+    labels = nearest_center_each(points, sols)
+    assert labels.shape == (len(points), m)
+    for i in range(m):
+        assert np.array_equal(labels[:, i], _per_entry_nearest(points, sols[i]))
+        assert np.array_equal(labels[:, i], nearest_center(points, sols[i]))
+    assert list(kernels.solution_costs(q, sols, power, cap)) == _rule_costs(q, sols, power, cap)
+    one = sols[:, :1]  # one center per solution
+    assert list(kernels.solution_costs(q, one, power, cap)) == _rule_costs(q, one, power, cap)
+
+
+def test_the_selection_screen_leaves_near_ties_to_the_rule():
+    """Rows where the matrix product's argmin is NOT the rule's (two centers 1e-13 apart, points far
+    along one axis): the screen leaves them to the per-entry rule, in every solution that has them."""
+    from dpspark.kernels import _per_entry_nearest, nearest_center_each
+
+    rng = np.random.default_rng(5)
+    dim = 12
+    c = rng.uniform(-1, 1, size=(6, dim))
+    c[1] = c[0] + rng.normal(0, 1e-13, dim)
+    x = rng.uniform(-1, 1, size=(20000, dim))
+    x[:, 0] *= 1e3
+    product = x @ (-2.0 * c.T) + np.einsum("ij,ij->i", c, c)[None, :] + np.einsum("ij,ij->i", x, x)[:, None]
+    assert np.count_nonzero(product.argmin(axis=1) != _per_entry_nearest(x, c)) > 0  # the case needs the rule
+    sets = np.stack([c, c[::-1], c * 0.5])
+    labels = nearest_center_each(x, sets)
+    for i, s in enumerate(sets):
+        assert np.array_equal(labels[:, i], _per_entry_nearest(x, s))
+
+
+def test_the_selection_costs_do_not_depend_on_the_batch():
+    dim, k = 12, 5
+    x, centers = unit_blobs(dim, k, 300, seed=21)
+    sols = np.stack([centers, centers[::-1], centers * 0.5])
+    q = quantize(x)
+    cap = selection.cost_cap(box(dim), 2)
+    whole = kernels.solution_costs(q, sols, 2, cap)
+    parts = [kernels.solution_costs(q[i:i + 37], sols, 2, cap) for i in range(0, len(q), 37)]
+    assert list(whole) == [sum(int(p[j]) for p in parts) for j in range(len(sols))]
+
+
 # ----------------------------------------------------------------------------
 # Statistical privacy of the tree walk, end to end through private_coreset
 

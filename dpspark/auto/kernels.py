@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from dpspark.kernels import batch_points, nearest_center  # numpy only
+from dpspark.kernels import batch_points, nearest_center_each  # numpy only
 from dpspark.privacy.fixedpoint import SCALE, quantize
 
 
@@ -53,7 +53,7 @@ def solution_costs(fixed_points: np.ndarray, solutions: np.ndarray, power: int, 
 
     ``solutions`` is (M, k, d) in unit space. A point's distance to a solution is the per-entry
     distance rule of ``maxcover.kernels`` (explicit differences squared and summed in order) to
-    its nearest center by that rule (``nearest_center``), so a point's term depends only on that
+    its nearest center by that rule (``nearest_center_each``: every solution from one screen), so a point's term depends only on that
     point and the public solutions; the cap bounds it whatever the point holds. The sums cannot
     wrap (``exact_sum``): whatever the number of points, the result is the exact integer.
     """
@@ -62,14 +62,16 @@ def solution_costs(fixed_points: np.ndarray, solutions: np.ndarray, power: int, 
     x = fixed_points.astype(np.float64) / SCALE
     limit = float(term_limit(cap))  # an integer < 2**53, exact as a float
     out = np.empty(m, dtype=object)
+    labels = nearest_center_each(x, sols)  # (rows x M): every solution's nearest center, each label the rule's
+    nearest = sols[np.arange(m)[None, :], labels]  # (rows x M x d)
+    d2 = np.zeros((x.shape[0], m), dtype=np.float64)
+    for j in range(dim):  # the rule's entry for the nearest center (the minimum over the centers), per solution
+        diff = x[:, j, None] - nearest[:, :, j]
+        d2 += diff * diff
+    term = d2 if power == 2 else np.sqrt(d2)
+    terms = np.minimum(np.rint(term * (1 << COST_BITS)), limit).astype(np.int64)
     for i in range(m):
-        nearest = sols[i][nearest_center(x, sols[i])]
-        d2 = np.zeros(x.shape[0], dtype=np.float64)
-        for j in range(dim):  # the rule's entry for the nearest center: the minimum over the centers
-            diff = x[:, j] - nearest[:, j]
-            d2 += diff * diff
-        term = d2 if power == 2 else np.sqrt(d2)
-        out[i] = exact_sum(np.minimum(np.rint(term * (1 << COST_BITS)), limit).astype(np.int64))
+        out[i] = exact_sum(terms[:, i])
     return out
 
 
