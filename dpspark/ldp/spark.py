@@ -57,6 +57,7 @@ from dpspark.progress import detail, log
 
 KEY = "__ldp_key"  # record key column (binary: bounding.unit_key) when rows are keyed by the privacy unit
 DUP = "__ldp_dup"  # duplicate index column (long) when rows are keyed by their content
+VALID = "__ldp_valid"  # whether every feature of the row is finite (computed once per row)
 REPORT_SCHEMA = "sub INT, a LONG, y INT"
 
 
@@ -108,10 +109,15 @@ def keyed_points(df, features, privacy_unit, domain, run_key):
     for c in cols:
         ok = c.isNotNull() & ~F.isnan(c) & (F.abs(c) != F.lit(float("inf")))
         valid = ok if valid is None else valid & ok
+    # The row's validity is one column, computed once: written into each of the d unit expressions,
+    # its 3 d tests made d^2 of them, and at d = 50 Spark's generated code exceeded the JVM's method
+    # size and the stage ran interpreted (several times slower).
+    raw = raw.select("*", valid.alias(VALID))
     # A row with a missing, NaN or infinite feature still reports, from the public point 0 of unit
     # space (the domain's center): in the local model the number of reports is used as public, so it
     # must not depend on record values (dropping such rows would make it a statistic of them).
-    unit_exprs = [F.when(valid, e).otherwise(F.lit(0.0)).alias(n) for e, n in zip(domain.unit_columns(cols), unit_names)]
+    unit_exprs = [F.when(F.col(VALID), e).otherwise(F.lit(0.0)).alias(n)
+                  for e, n in zip(domain.unit_columns(cols), unit_names)]
     if privacy_unit is not None:
         return raw.select(F.col(KEY), *unit_exprs), names
     return duplicate_keys(raw.select(*unit_exprs), unit_names), names
