@@ -472,11 +472,13 @@ class SparkCoverage:
             fn = histogram_score_aggregator(n_cand, exclude=picks)
             label, kind = "exact pick scores", "spilled histogram (scores)"
         rows = self._spilled
-        test = None
-        for v in (picks[:-1] if update else picks):  # drop the rows holding an earlier pick in the JVM ...
+        # In the JVM, an update keeps the rows holding the newest pick and none of the earlier ones:
+        # Python receives just the rows it sums. The newest pick is tested first: Spark's AND stops
+        # at the first false test, so the earlier picks are tested only on the few rows holding it
+        # (tested first, with 13 earlier picks on 2.5 million rows: 0.57 s against 1.46 s).
+        test = _has_candidate(picks[-1]) if update else None
+        for v in (picks[:-1] if update else picks):
             test = ~_has_candidate(v) if test is None else test & ~_has_candidate(v)
-        if update:  # ... and keep only those holding the newest: Python receives just the rows it sums
-            test = _has_candidate(picks[-1]) if test is None else test & _has_candidate(picks[-1])
         if test is not None:
             rows = rows.where(test)
         # Runs only for a threshold whose histogram stayed on the executors (data-dependent): in an
