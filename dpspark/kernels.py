@@ -1,6 +1,7 @@
 """Kernels shared by every family and the fitted model: numpy only (they run on executors).
 
-The distance rule ``_sq_dists`` and ``nearest_center`` live here, below the families, so that the
+The distance rule ``_sq_dists`` and ``nearest_center`` (``nearest_center_each``: several center sets
+at once, auto's selection) live here, below the families, so that the
 fitted model (``dpspark.model``), maxcover, dplloyd and auto label points by one rule without one
 family importing another (DESIGN.md, "Layout"). ``dpspark.maxcover.kernels`` re-exports them.
 Also the batch readers every pass shares (``batch_points``, ``arrow_out``; pyarrow imported inside
