@@ -449,6 +449,8 @@ def validate(raw: dict) -> Config:
                                                    "and result-size limits could show or turn into data-dependent "
                                                    "numbers): pass it to spark-submit in the deployment. Allowed: "
                                                    f"{sorted(_SPARK_JOB_KEYS)} and {list(_SPARK_JOB_PREFIXES)}")
+    if ARROW_BATCH_KEY in conf:
+        _check_arrow_batch(conf[ARROW_BATCH_KEY], domain_cfg.dim)
     spark_cfg = SparkConfig(
         master=sp.string("master"),
         app_name=sp.string("app_name", "dpspark"),
@@ -516,6 +518,25 @@ _SPARK_JOB_KEYS = frozenset({
     "spark.databricks.delta.snapshotPartitions",
 })
 _SPARK_JOB_PREFIXES = ("spark.sql.adaptive.",)
+
+# Rows per Arrow batch of the Python passes. Spark reads 0 or less as "a whole partition in one
+# batch", and the packed points are one list column whose Arrow offsets are 32-bit: a batch of more
+# than 2^31 - 1 values would fail, at a number of rows the config picked (after the charge, on the
+# data's size). So a job config gives a positive count with count * d values within that limit
+# (d is public: the domain's); the deployment may set anything.
+ARROW_BATCH_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"
+ARROW_MAX_VALUES = 2**31 - 1
+
+
+def _check_arrow_batch(value, dim: int) -> None:
+    key = f"spark.conf.{ARROW_BATCH_KEY}"
+    text = _spark_value(value).strip()
+    if isinstance(value, bool) or not re.fullmatch(r"[0-9]+", text):
+        raise ConfigError(key, f"{value!r} should be a positive whole number of rows")
+    rows, limit = int(text), ARROW_MAX_VALUES // int(dim)
+    if not 1 <= rows <= limit:
+        raise ConfigError(key, f"rows={rows} should be >= 1 and <= {limit} (a batch holds rows * d values, d={dim}, "
+                               f"at most 2^31 - 1 in Arrow's list column)")
 
 LEDGER_ENV = "DPSPARK_LEDGER"
 

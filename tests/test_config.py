@@ -220,3 +220,23 @@ def test_max_pairs_is_checked_before_anything_runs(value, message):
     with pytest.raises(ConfigError) as err:
         validate(raw)
     assert err.value.key == "algorithm.max_pairs" and message in str(err.value)
+
+
+@pytest.mark.parametrize("value", [0, -1, "0", "1e4", 1.5, True, "x", 2**30 + 1, str(2**31)])
+def test_a_job_config_cannot_make_arrow_batches_unbounded(value):
+    """spark.sql.execution.arrow.maxRecordsPerBatch: Spark reads <= 0 as "a whole partition per
+    batch", and a batch of the packed points holds rows * d values in a list column with 32-bit
+    offsets; a config may give only a positive count with rows * d <= 2^31 - 1 (d = 2 here)."""
+    raw = base()
+    raw["spark"] = {"conf": {"spark.sql.execution.arrow.maxRecordsPerBatch": value}}
+    with pytest.raises(ConfigError, match="maxRecordsPerBatch"):
+        validate(raw)
+
+
+@pytest.mark.parametrize("value, dim", [(1, 2), ("20000", 2), (2**30 - 1, 2), ((2**31 - 1) // 50, 50)])
+def test_a_job_config_may_choose_a_bounded_arrow_batch(value, dim):
+    raw = base()
+    raw["input"]["features"] = [f"x{j}" for j in range(dim)]
+    raw["domain"] = {"lower": [0] * dim, "upper": [1] * dim}
+    raw["spark"] = {"conf": {"spark.sql.execution.arrow.maxRecordsPerBatch": value}}
+    assert dict(validate(raw).spark.conf)["spark.sql.execution.arrow.maxRecordsPerBatch"] == str(value)
