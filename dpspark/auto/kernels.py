@@ -63,10 +63,10 @@ def solution_costs(fixed_points: np.ndarray, solutions: np.ndarray, power: int, 
     limit = float(term_limit(cap))  # an integer < 2**53, exact as a float
     out = np.empty(m, dtype=object)
     labels = nearest_center_each(x, sols)  # (rows x M): every solution's nearest center, each label the rule's
-    nearest = sols[np.arange(m)[None, :], labels]  # (rows x M x d)
+    which = np.arange(m)[None, :]
     d2 = np.zeros((x.shape[0], m), dtype=np.float64)
     for j in range(dim):  # the rule's entry for the nearest center (the minimum over the centers), per solution
-        diff = x[:, j, None] - nearest[:, :, j]
+        diff = x[:, j, None] - sols[:, :, j][which, labels]  # coordinate j of each nearest center: rows x M, never rows x M x d
         d2 += diff * diff
     term = d2 if power == 2 else np.sqrt(d2)
     terms = np.minimum(np.rint(term * (1 << COST_BITS)), limit).astype(np.int64)
